@@ -1,0 +1,412 @@
+"""Client-axis aggregators: pure array functions and their associative (monoid) forms.
+
+Every aggregator the engine uses is an ``Aggregator(lift, finalize)``: ``lift`` maps one
+client's message and weight to a pytree of *summable* statistics; the engine adds those
+statistics over clients (in any order and grouping: all at once under ``vmap``, one client
+at a time under ``scan``, chunk by chunk, or across devices), and ``finalize`` turns the
+sums into the aggregate. Because the only combine step is ``+``, every execution strategy
+gives the same numbers up to float32 summation order (DESIGN.md §1).
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+PyTree = Any
+
+
+class Aggregator(NamedTuple):
+  """An associative client-axis reduction.
+
+  Attributes:
+    lift: ``(message, weight) -> stats``. ``message`` is one client's pytree (no client
+      axis), ``weight`` a float32 scalar (the client's example count, or 1.0 for uniform
+      weighting). ``stats`` is a pytree of arrays that is summed over clients.
+    finalize: ``stats_sum -> aggregate`` (same structure as ``message``).
+    name: short name for logs.
+  """
+  lift: Callable[[PyTree, jax.Array], PyTree]
+  finalize: Callable[[PyTree], PyTree]
+  name: str = "aggregator"
+
+
+def weighted_mean() -> Aggregator:
+  """Weighted arithmetic mean over clients: ``Σ_k w_k m_k / Σ_k w_k``.
+
+  Source: McMahan et al. 2017 (FedAvg), Alg. 1 — ``w_k = n_k`` (client size) or 1.
+  Shapes: any message pytree; weights are scalars per client.
+  """
+
+  def lift(message, weight):
+    return (jax.tree.map(lambda m: weight * m, message), weight)
+
+  def finalize(stats):
+    total, wsum = stats
+    return jax.tree.map(lambda t: t / wsum, total)
+
+  return Aggregator(lift, finalize, "mean")
+
+
+# ---------------------------------------------------------------------------------------
+# Helpers
+# ---------------------------------------------------------------------------------------
+
+_ZEROS_CONVENTIONS = ("both", "negative")
+
+
+def _check_zeros(zeros: str) -> str:
+  if zeros not in _ZEROS_CONVENTIONS:
+    raise ValueError(
+        f"zeros must be one of {_ZEROS_CONVENTIONS}, got {zeros!r}.")
+  return zeros
+
+
+def _check_tau(tau) -> None:
+  """Raises ValueError unless ``tau`` is a scalar in [0, 1]; traced values pass unchecked."""
+  try:
+    t = float(tau)
+  except jax.errors.ConcretizationTypeError:
+    return  # tau is traced (e.g. a jit argument): cannot be checked here.
+  except (TypeError, ValueError) as e:
+    raise ValueError(f"tau must be a scalar in [0, 1], got {tau!r}.") from e
+  if not 0.0 <= t <= 1.0:  # also rejects NaN
+    raise ValueError(f"tau must be in [0, 1], got {tau!r}.")
+
+
+def _float_dtypes(x: jax.Array):
+  """(compute dtype, output dtype) for a leaf: compute in >= float32, return x's float dtype."""
+  out = x.dtype if jnp.issubdtype(x.dtype, jnp.floating) else jnp.float32
+  return jnp.promote_types(out, jnp.float32), out
+
+
+def _normalize_axis(x: jax.Array, axis: int) -> int:
+  if not isinstance(axis, int):
+    raise ValueError(f"axis must be a Python int, got {axis!r}.")
+  if x.ndim == 0:
+    raise ValueError(
+        "every leaf needs a client axis, got a scalar (0-d) leaf; "
+        f"axis={axis} is out of range.")
+  if not -x.ndim <= axis < x.ndim:
+    raise ValueError(
+        f"axis={axis} is out of range for a leaf of shape {tuple(x.shape)}.")
+  return axis % x.ndim
+
+
+def _num_clients_check(x: jax.Array, axis: int) -> None:
+  if x.shape[axis] == 0:
+    raise ValueError(
+        f"the client axis (axis={axis}) of a leaf of shape {tuple(x.shape)} is empty.")
+
+
+# ---------------------------------------------------------------------------------------
+# Weighted geometric mean (FedILC §3.1)
+# ---------------------------------------------------------------------------------------
+
+
+class _GeoStats(NamedTuple):
+  """Per-leaf summable statistics of the weighted geometric mean (one client's share)."""
+  n_pos: jax.Array      # |E+| contribution: 1 where the entry is in E+.
+  n_neg: jax.Array      # |E-| contribution: 1 where the entry is in E-.
+  log_pos: jax.Array    # log|g| where the entry is in E+ and nonzero, else 0.
+  log_neg: jax.Array    # log|g| where the entry is in E- and nonzero, else 0.
+  zero_pos: jax.Array   # 1 where the entry is an exact zero counted in E+.
+  zero_neg: jax.Array   # 1 where the entry is an exact zero counted in E-.
+
+
+def _geo_stats(g: jax.Array, zeros: str, dtype) -> _GeoStats:
+  """Elementwise (un-summed) statistics of ``g``, in ``dtype``."""
+  g = g.astype(dtype)
+  is_zero = g == 0  # also true for -0.0
+  if zeros == "both":  # paper: E+ = {g >= 0}, E- = {g <= 0}
+    pos, neg = g >= 0, g <= 0
+  else:  # "negative", FedILC public code: E+ = {g > 0}, E- = {g <= 0}
+    pos, neg = g > 0, g <= 0
+  # Safe log: log(1) = 0 for zeros, so no -inf ever enters a sum (and no -inf * 0).
+  log_abs = jnp.log(jnp.where(is_zero, jnp.ones_like(g), jnp.abs(g)))
+  zero = jnp.zeros_like(g)
+  f = lambda b: b.astype(dtype)
+  return _GeoStats(
+      n_pos=f(pos), n_neg=f(neg),
+      log_pos=jnp.where(pos, log_abs, zero), log_neg=jnp.where(neg, log_abs, zero),
+      zero_pos=f(pos & is_zero), zero_neg=f(neg & is_zero))
+
+
+def _geo_finalize(s: _GeoStats, num_clients: jax.Array) -> jax.Array:
+  """Weighted geometric mean from summed statistics (``num_clients`` = |E|)."""
+  dtype = s.n_pos.dtype
+  big = jnp.finfo(dtype).max
+  e = jnp.asarray(num_clients, dtype)
+  safe_e = jnp.where(e > 0, e, jnp.ones_like(e))
+
+  def side(n, log_sum, zero_count):
+    nonempty = n > 0
+    safe_n = jnp.where(nonempty, n, jnp.ones_like(n))
+    # mean of log|g| over the set, then exp; <= log(max|g|) so no overflow (clamped
+    # anyway against a last-ulp rounding up at the very top of the float range).
+    gm = jnp.minimum(jnp.exp(log_sum / safe_n), big)
+    # Empty set contributes 0; a zero in the set makes the product (so the mean) 0.
+    gm = jnp.where(nonempty & (zero_count == 0), gm, jnp.zeros_like(gm))
+    return (n / safe_e) * gm
+
+  return side(s.n_pos, s.log_pos, s.zero_pos) - side(s.n_neg, s.log_neg, s.zero_neg)
+
+
+def weighted_geometric_mean(updates: PyTree, axis: int = 0, *, zeros: str = "both") -> PyTree:
+  """FedILC's weighted geometric mean of client updates, element-wise over the client axis.
+
+  For every coordinate, with ``G = {g_e}`` the values of the ``E`` clients,
+  ``E+ = {e : g_e >= 0}`` and ``E- = {e : g_e <= 0}``::
+
+    wgm(G) = |E+|/|E| * (prod_{E+} |g_e|)^(1/|E+|) - |E-|/|E| * (prod_{E-} |g_e|)^(1/|E-|)
+
+  Each geometric mean is computed in log space (``exp(mean_{E±} log|g_e|)``). An empty
+  sign set contributes 0. A set that contains an exact zero has product 0, so its term is
+  exactly 0 (log(0) is never evaluated: no NaN/Inf for any finite input, including 0,
+  tiny and huge magnitudes).
+
+  Zero convention (``zeros``):
+    * ``"both"`` (default, the paper's definition): a zero is in BOTH E+ and E- (counted
+      in ``|E+|`` and ``|E-|``), so a single zero client makes both terms, hence the
+      coordinate, exactly 0.
+    * ``"negative"`` (FedILC's public code): a zero is counted only in E- (E+ = {g > 0}),
+      so only the negative term becomes 0. The public code also adds 1e-10 inside the log,
+      which makes that term ~1e-10 instead of exactly 0; that epsilon is NOT reproduced
+      here (the term is exactly 0) and nonzero values are not perturbed.
+
+  Client weights play no role in the paper's formula (every client counts once); see
+  ``geometric_mean_aggregator`` for the monoid form.
+
+  Args:
+    updates: a pytree of arrays; every leaf has the client axis at ``axis``, e.g.
+      ``[E, *param_shape]`` for ``axis=0``. Integer leaves are treated as float32.
+    axis: position of the client axis in every leaf.
+    zeros: ``"both"`` or ``"negative"`` (see above).
+
+  Returns:
+    A pytree of the same structure; each leaf has the client axis removed
+    (``param_shape``) and the leaf's floating dtype (float32 for integer input).
+
+  Raises:
+    ValueError: ``zeros`` not in {"both", "negative"}; ``axis`` not an int or out of
+      range for a leaf (including 0-d leaves); an empty client axis.
+
+  Source: FedILC §3.1 (weighted geometric mean, "weightedgeo(G)").
+  """
+  _check_zeros(zeros)
+
+  def leaf_fn(x):
+    x = jnp.asarray(x)
+    ax = _normalize_axis(x, axis)
+    _num_clients_check(x, ax)
+    return _wgm_leaf(x, ax, zeros)
+
+  return jax.tree.map(leaf_fn, updates)
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _wgm_leaf(x: jax.Array, axis: int, zeros: str) -> jax.Array:
+  dtype, out_dtype = _float_dtypes(x)
+  stats = _geo_stats(x, zeros, dtype)
+  summed = _GeoStats(*(jnp.sum(s, axis=axis) for s in stats))
+  return _geo_finalize(summed, jnp.asarray(x.shape[axis], dtype)).astype(out_dtype)
+
+
+def geometric_mean_aggregator(zeros: str = "both") -> Aggregator:
+  """Monoid form of ``weighted_geometric_mean`` (FedILC §3.1) for the engine.
+
+  ``lift(message, weight)`` returns, per leaf, the elementwise statistics
+  ``(n_pos, n_neg, log_pos, log_neg, zero_pos, zero_neg)`` (the set-membership counts,
+  ``log|g|`` summed within each sign set with zeros masked out, and the number of exact
+  zeros in each set) plus a scalar client count ``|E|``; all of them add over clients.
+  ``finalize`` turns the sums into exactly ``weighted_geometric_mean`` of the stacked
+  messages (up to float32 summation order).
+
+  Weights: the paper's formula is unweighted, so the value of ``weight`` is ignored,
+  except that a client with ``weight == 0`` (e.g. a padded, absent client) contributes
+  nothing at all (all its statistics, including its count in ``|E|``, are zeroed).
+
+  Shapes: any message pytree (no client axis); the aggregate has the message's structure
+  and shapes. If no client is present, the aggregate is 0.
+
+  Raises:
+    ValueError: ``zeros`` not in {"both", "negative"}.
+
+  Source: FedILC §3.1.
+  """
+  _check_zeros(zeros)
+
+  def lift(message, weight):
+    present = (jnp.asarray(weight) > 0).astype(jnp.float32)
+
+    def leaf_fn(m):
+      m = jnp.asarray(m)
+      dtype, _ = _float_dtypes(m)
+      stats = _geo_stats(m, zeros, dtype)
+      return _GeoStats(*(s * present.astype(dtype) for s in stats))
+
+    return (jax.tree.map(leaf_fn, message), present)
+
+  def finalize(stats):
+    per_leaf, count = stats
+    return jax.tree.map(
+        lambda s: _geo_finalize(s, count), per_leaf,
+        is_leaf=lambda x: isinstance(x, _GeoStats))
+
+  return Aggregator(lift, finalize, f"geometric[{zeros}]")
+
+
+# ---------------------------------------------------------------------------------------
+# Sign-agreement masks (AND-mask, Parascandolo et al. 2021; FedGMA §4)
+# ---------------------------------------------------------------------------------------
+
+
+def _mask_leaf(x, tau, axis: int, rule) -> jax.Array:
+  """``rule(|mean over the client axis of sign(x)|, tau)`` in x's floating dtype."""
+  x = jnp.asarray(x)
+  ax = _normalize_axis(x, axis)
+  _num_clients_check(x, ax)
+  return _mask_leaf_jit(x, tau, ax, rule)
+
+
+@functools.partial(jax.jit, static_argnums=(2, 3))
+def _mask_leaf_jit(x, tau, axis: int, rule) -> jax.Array:
+  dtype, out_dtype = _float_dtypes(x)
+  a = jnp.abs(jnp.mean(jnp.sign(x.astype(dtype)), axis=axis))
+  return rule(a, tau).astype(out_dtype)
+
+
+def _and_rule(a: jax.Array, tau) -> jax.Array:
+  return (a >= tau).astype(a.dtype)
+
+
+def _gma_rule(a: jax.Array, tau) -> jax.Array:
+  return jnp.where(a >= tau, jnp.ones_like(a), a)
+
+
+def and_mask(updates: PyTree, tau, axis: int = 0) -> PyTree:
+  """AND-mask: 1.0 where the clients' update signs agree at least ``tau``, else 0.0.
+
+  ``A = |mean_k sign(g_k)|`` over the client axis (``sign(0) = 0``, so a zero update
+  counts as agreeing with neither direction); ``mask = 1.0 if A >= tau else 0.0``.
+  (Parascandolo et al.'s code also rescales the masked gradient by the inverse mask
+  density; that rescaling is not part of this function.)
+
+  Args:
+    updates: pytree; every leaf ``[E, *param_shape]`` with the client axis at ``axis``.
+    tau: agreement threshold in [0, 1] (``tau=0``: all ones; ``tau=1``: ones only where
+      all clients have the same nonzero sign).
+    axis: position of the client axis in every leaf.
+
+  Returns:
+    A pytree of 0/1 masks, each leaf ``param_shape`` (client axis removed), in the leaf's
+    floating dtype (float32 for integer input).
+
+  Raises:
+    ValueError: ``tau`` outside [0, 1] (checked when concrete); ``axis`` out of range;
+      an empty client axis.
+
+  Source: Parascandolo et al. 2021 ("Learning explanations that are hard to vary"),
+  AND-mask; as restated in FedGMA §4 and FedILC §2.1.
+  """
+  _check_tau(tau)
+
+  return jax.tree.map(lambda x: _mask_leaf(x, tau, axis, _and_rule), updates)
+
+
+def gma_mask(updates: PyTree, tau, axis: int = 0) -> PyTree:
+  """FedGMA's soft gradient mask: ``1 if A >= tau else A``, ``A = |mean_k sign(Δ_k)|``.
+
+  The agreement score is taken in absolute value (agreement on *either* direction), as in
+  the AND-mask; the paper's printed formula omits the ``|.|``, which would give negative
+  masks that flip the update. A public port computes ``mask * (1 + A)`` through an
+  operator-precedence bug; this function follows the paper's rule.
+
+  Args:
+    updates: pytree; every leaf ``[E, *param_shape]`` with the client axis at ``axis``
+      (the client updates Δ_k of one round).
+    tau: agreement threshold in [0, 1]; ``tau=0`` gives an all-ones mask (plain
+      averaging), ``tau=1`` gives ``A`` except where all clients agree.
+    axis: position of the client axis in every leaf.
+
+  Returns:
+    A pytree of masks with values in [0, 1], each leaf ``param_shape``, in the leaf's
+    floating dtype (float32 for integer input).
+
+  Raises:
+    ValueError: ``tau`` outside [0, 1] (checked when concrete); ``axis`` out of range;
+      an empty client axis.
+
+  Source: FedGMA §4 (real-valued mask m̃_τ), Alg. 1.
+  """
+  _check_tau(tau)
+
+  return jax.tree.map(lambda x: _mask_leaf(x, tau, axis, _gma_rule), updates)
+
+
+def _masked_aggregator(base: Aggregator, tau, rule, name: str) -> Aggregator:
+  _check_tau(tau)
+  if not isinstance(base, Aggregator):
+    raise ValueError(f"base must be an Aggregator, got {type(base).__name__}.")
+
+  def lift(message, weight):
+    present = (jnp.asarray(weight) > 0).astype(jnp.float32)
+
+    def sign_fn(m):
+      m = jnp.asarray(m)
+      dtype, _ = _float_dtypes(m)
+      return jnp.sign(m.astype(dtype)) * present.astype(dtype)
+
+    return (base.lift(message, weight), jax.tree.map(sign_fn, message), present)
+
+  def finalize(stats):
+    base_stats, sign_sum, count = stats
+    aggregate = base.finalize(base_stats)
+    safe_count = jnp.where(count > 0, count, jnp.ones_like(count))
+
+    def apply(agg, s):
+      a = jnp.abs(s / safe_count.astype(s.dtype))
+      return agg * rule(a, tau).astype(agg.dtype)
+
+    return jax.tree.map(apply, aggregate, sign_sum)
+
+  return Aggregator(lift, finalize, f"{name}[tau={tau}]({base.name})")
+
+
+def gma(base: Aggregator, tau) -> Aggregator:
+  """FedGMA: mask the aggregate of ``base`` with ``gma_mask`` of the client messages.
+
+  ``lift(m, w) = (base.lift(m, w), sign(m), 1)``; ``finalize`` computes
+  ``base.finalize(...) * mask`` with ``A = |Σ sign / count|`` and
+  ``mask = 1 if A >= tau else A``. With ``tau = 0`` the mask is all ones, so
+  ``gma(base, 0.0)`` equals ``base`` exactly. A client with ``weight == 0`` is absent: it
+  contributes neither a sign nor a count (and whatever ``base`` does with weight 0).
+
+  Shapes: any message pytree (no client axis); the aggregate has the message's
+  structure, and ``base.finalize`` must return that structure too.
+
+  Raises:
+    ValueError: ``tau`` outside [0, 1]; ``base`` not an ``Aggregator``.
+
+  Source: FedGMA §4, Alg. 1 (mask applied to the aggregated pseudo-gradient Δ_t).
+  """
+  return _masked_aggregator(base, tau, _gma_rule, "gma")
+
+
+def and_mask_aggregator(base: Aggregator, tau) -> Aggregator:
+  """AND-mask the aggregate of ``base``: ``base.finalize(...) * 1[A >= tau]``.
+
+  Same statistics as ``gma`` (``(base.lift(m, w), sign(m), 1)``), binary mask.
+  A client with ``weight == 0`` contributes neither a sign nor a count.
+
+  Shapes: any message pytree (no client axis); the aggregate has the message's structure.
+
+  Raises:
+    ValueError: ``tau`` outside [0, 1]; ``base`` not an ``Aggregator``.
+
+  Source: Parascandolo et al. 2021 (AND-mask); FedGMA §4 (binary mask m_τ on client
+  updates).
+  """
+  return _masked_aggregator(base, tau, _and_rule, "and_mask")

@@ -1,0 +1,193 @@
+"""Shared building pieces for algorithm factories: optimizers, aggregators by name, registry.
+
+Every algorithm factory is ``factory(**hparams) -> Algorithm`` and is registered under the
+paper's name with ``@register(name, paper=..., summary=...)``. Common keyword arguments
+(all factories accept them): ``client_lr``, ``server_lr``, ``local_steps``,
+``batch_size`` (None = full client batch), ``client_optimizer`` ('sgd' | 'momentum' |
+'adam'), ``weight_decay``, ``server_optimizer`` ('sgd' | 'momentum' | 'adagrad' | 'adam'
+| 'yogi'), ``aggregator`` ('mean' | 'geometric' | 'gma' | 'and_mask'), ``tau``,
+``weighting`` ('num_examples' | 'uniform').
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from fedjax_inv import aggregators as aggs
+from fedjax_inv.core.algorithm import Algorithm
+
+CLIENT_OPTIMIZERS = ("sgd", "momentum", "adam")
+SERVER_OPTIMIZERS = ("sgd", "momentum", "adagrad", "adam", "yogi")
+AGGREGATORS = ("mean", "geometric", "gma", "and_mask")
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+  name: str
+  factory: Callable[..., Algorithm]
+  paper: str
+  summary: str
+
+
+_REGISTRY: dict[str, Entry] = {}
+
+
+def register(name: str, paper: str, summary: str):
+  """Decorator: registers ``factory`` under ``name`` (the paper's name for the method)."""
+  def deco(factory):
+    if name in _REGISTRY:
+      raise ValueError(f"algorithm {name!r} is registered twice.")
+    _REGISTRY[name] = Entry(name, factory, paper, summary)
+    return factory
+  return deco
+
+
+def registry() -> dict[str, Entry]:
+  return dict(_REGISTRY)
+
+
+def make_algorithm(name: str, **hparams) -> Algorithm:
+  """Builds the registered algorithm ``name`` with keyword hyperparameters.
+
+  Raises:
+    ValueError: unknown name (lists the available ones) or a bad hyperparameter.
+  """
+  if name not in _REGISTRY:
+    raise ValueError(f"unknown algorithm {name!r}; available: {sorted(_REGISTRY)}. "
+                     "Run `fedjax-inv list` to see them with their papers.")
+  return _REGISTRY[name].factory(**hparams)
+
+
+def client_optimizer(name: str, lr: float, weight_decay: float = 0.0,
+                     momentum: float = 0.9) -> optax.GradientTransformation:
+  """Client (local) optimizer by name; a fresh state is created every round.
+
+  'adam' with ``weight_decay > 0`` is AdamW (decoupled decay) as in FedILC §5.1.
+  """
+  if name not in CLIENT_OPTIMIZERS:
+    raise ValueError(f"client_optimizer={name!r}; choose one of {CLIENT_OPTIMIZERS}.")
+  if lr <= 0:
+    raise ValueError(f"client_lr={lr}; it must be > 0.")
+  if name == "adam":
+    return optax.adamw(lr, weight_decay=weight_decay) if weight_decay else optax.adam(lr)
+  base = optax.sgd(lr, momentum=momentum if name == "momentum" else None)
+  if weight_decay:
+    return optax.chain(optax.add_decayed_weights(weight_decay), base)
+  return base
+
+
+class ReddiState(NamedTuple):
+  m: Any
+  v: Any
+
+
+def reddi_adaptive(kind: str, learning_rate: float, b1: float = 0.9, b2: float = 0.99,
+                   tau: float = 1e-3) -> optax.GradientTransformation:
+  """Server optimizers FedAdagrad / FedAdam / FedYogi of Reddi et al. 2021, Alg. 2.
+
+  Input: the pseudo-gradient ``g = w_t − mean_k w_k`` (so ``Δ_t = −g``). With
+  ``m_t = β1 m + (1−β1) Δ_t`` and
+    adagrad: ``v_t = v + Δ_t²``;  adam: ``v_t = β2 v + (1−β2) Δ_t²``;
+    yogi: ``v_t = v − (1−β2) Δ_t² sign(v − Δ_t²)``,
+  the update is ``η m_t / (√v_t + τ)``; ``v_{-1} = τ²``. No bias correction (as in the
+  paper; optax.adam would add it). Shapes follow the parameter pytree.
+  """
+  if kind not in ("adagrad", "adam", "yogi"):
+    raise ValueError(f"kind={kind!r}; expected adagrad, adam or yogi.")
+
+  def init(params):
+    return ReddiState(m=jax.tree.map(jnp.zeros_like, params),
+                      v=jax.tree.map(lambda p: jnp.full_like(p, tau ** 2), params))
+
+  def update(grads, state, params=None):
+    delta = jax.tree.map(jnp.negative, grads)
+    m = jax.tree.map(lambda m, d: b1 * m + (1 - b1) * d, state.m, delta)
+    if kind == "adagrad":
+      v = jax.tree.map(lambda v, d: v + d * d, state.v, delta)
+    elif kind == "adam":
+      v = jax.tree.map(lambda v, d: b2 * v + (1 - b2) * d * d, state.v, delta)
+    else:
+      v = jax.tree.map(lambda v, d: v - (1 - b2) * d * d * jnp.sign(v - d * d), state.v,
+                       delta)
+    updates = jax.tree.map(lambda m, v: learning_rate * m / (jnp.sqrt(v) + tau), m, v)
+    return updates, ReddiState(m, v)
+
+  return optax.GradientTransformation(init, update)
+
+
+def server_optimizer(name: str, lr: float, momentum: float = 0.9, b1: float = 0.9,
+                     b2: float = 0.99, tau: float = 1e-3) -> optax.GradientTransformation:
+  """Server optimizer on the pseudo-gradient (Reddi et al. 2021): 'sgd' (FedAvg: with
+  lr=1 the new model is the weighted mean of client models), 'momentum' (FedAvgM), or
+  'adagrad' | 'adam' | 'yogi' (:func:`reddi_adaptive`)."""
+  if name not in SERVER_OPTIMIZERS:
+    raise ValueError(f"server_optimizer={name!r}; choose one of {SERVER_OPTIMIZERS}.")
+  if lr <= 0:
+    raise ValueError(f"server_lr={lr}; it must be > 0.")
+  if name == "sgd":
+    return optax.sgd(lr)
+  if name == "momentum":
+    return optax.sgd(lr, momentum=momentum)
+  return reddi_adaptive(name, lr, b1=b1, b2=b2, tau=tau)
+
+
+def aggregator(name: str, tau: float = 0.4) -> aggs.Aggregator:
+  """Aggregator by name: 'mean' (weighted mean), 'geometric' (FedILC §3.1 weighted
+  geometric mean), 'gma' (FedGMA §4 soft mask on the mean), 'and_mask' (AND-mask)."""
+  if name not in AGGREGATORS:
+    raise ValueError(f"aggregator={name!r}; choose one of {AGGREGATORS}.")
+  if name == "mean":
+    return aggs.weighted_mean()
+  if name == "geometric":
+    return aggs.geometric_mean_aggregator()
+  if not 0.0 <= tau <= 1.0:
+    raise ValueError(f"tau={tau}; the sign-agreement threshold must be in [0, 1].")
+  if name == "gma":
+    return aggs.gma(aggs.weighted_mean(), tau)
+  return aggs.and_mask_aggregator(aggs.weighted_mean(), tau)
+
+
+def uniform_mean() -> aggs.Aggregator:
+  """Unweighted mean over clients (ignores the client weight)."""
+  base = aggs.weighted_mean()
+  return aggs.Aggregator(lambda m, w: base.lift(m, jnp.ones((), jnp.float32)),
+                         base.finalize, "uniform_mean")
+
+
+def build(name: str, *, components=(), client_lr: float = 0.1, server_lr: float = 1.0,
+          local_steps: int = 5, batch_size: int | None = 32,
+          client_optimizer: str = "sgd", weight_decay: float = 0.0,
+          server_optimizer: str = "sgd", server_momentum: float = 0.9,
+          b1: float = 0.9, b2: float = 0.99, server_tau: float = 1e-3,
+          aggregator: str = "mean", tau: float = 0.4, weighting: str = "num_examples",
+          **extra) -> Algorithm:
+  """Assembles an ``Algorithm`` from the common knobs (see module docstring).
+
+  Raises:
+    ValueError: unknown keyword (names it) or bad value.
+  """
+  if extra:
+    raise ValueError(f"algorithm {name!r} got unknown hyperparameters {sorted(extra)}.")
+  hp = dict(client_lr=client_lr, server_lr=server_lr, local_steps=local_steps,
+            batch_size=batch_size, client_optimizer=client_optimizer,
+            weight_decay=weight_decay, server_optimizer=server_optimizer,
+            aggregator=aggregator, tau=tau, weighting=weighting)
+  if server_optimizer in ("adagrad", "adam", "yogi"):
+    hp.update(b1=b1, b2=b2, server_tau=server_tau)
+  return Algorithm(
+      name=name,
+      client_optimizer=_client_opt(client_optimizer, client_lr, weight_decay),
+      server_optimizer=_server_opt(server_optimizer, server_lr, server_momentum, b1, b2,
+                                   server_tau),
+      local_steps=int(local_steps), batch_size=batch_size,
+      aggregator=_agg(aggregator, tau), weighting=weighting,
+      components=tuple(components), client_lr=float(client_lr), hparams=hp)
+
+
+_client_opt = client_optimizer
+_server_opt = server_optimizer
+_agg = aggregator

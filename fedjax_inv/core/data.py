@@ -1,0 +1,109 @@
+"""Stacked, padded client data: the one container the engine trains on.
+
+Every array that belongs to a client carries a leading client axis ``N`` (the client
+*pool*); a round gathers ``C`` of them. Padding is handled with the true sizes ``n``,
+never by slicing, so one compiled round serves clients of any size.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+@chex.dataclass(frozen=True)
+class ClientData:
+  """A pool of ``N`` clients, stacked and padded to ``n_max`` examples.
+
+  Attributes:
+    x: ``[N, n_max, *feature_shape]`` float32 inputs (zero padding past ``n[i]``).
+    y: ``[N, n_max]`` int32 class labels, or ``[N, n_max]`` float32 regression targets.
+    n: ``[N]`` int32 true number of examples per client (``1 <= n[i] <= n_max``).
+
+  Source: DESIGN.md §1 (stacked client axis); FedJAX's ``ClientDataset`` is the
+  unstacked, per-client equivalent this replaces.
+  """
+  x: chex.Array
+  y: chex.Array
+  n: chex.Array
+
+  @property
+  def num_clients(self) -> int:
+    return int(self.n.shape[0])
+
+  @property
+  def n_max(self) -> int:
+    return int(self.x.shape[1])
+
+  @property
+  def feature_shape(self) -> tuple[int, ...]:
+    return tuple(self.x.shape[2:])
+
+  def mask(self) -> jax.Array:
+    """``[N, n_max]`` float32, 1.0 on real examples and 0.0 on padding."""
+    return (jnp.arange(self.x.shape[1])[None, :] < self.n[:, None]).astype(jnp.float32)
+
+  def take(self, idx) -> "ClientData":
+    """Clients ``idx`` (``[C]`` int) as a new ``ClientData`` with ``C`` clients."""
+    return ClientData(x=self.x[idx], y=self.y[idx], n=self.n[idx])
+
+  def merged(self) -> "ClientData":
+    """All clients' real examples pooled into one client (for centralized evaluation)."""
+    x = np.asarray(self.x)
+    y = np.asarray(self.y)
+    n = np.asarray(self.n)
+    xs = np.concatenate([x[i, : n[i]] for i in range(len(n))])
+    ys = np.concatenate([y[i, : n[i]] for i in range(len(n))])
+    return from_client_arrays([xs], [ys])
+
+
+def from_client_arrays(xs: Sequence[np.ndarray], ys: Sequence[np.ndarray],
+                       n_max: int | None = None) -> ClientData:
+  """Stacks per-client numpy arrays of different sizes into one padded ``ClientData``.
+
+  Args:
+    xs: ``N`` arrays, client ``i`` of shape ``[n_i, *feature_shape]`` (same feature shape).
+    ys: ``N`` arrays of shape ``[n_i]``: integer class labels or float regression targets.
+    n_max: pad to this many examples (default: the largest ``n_i``).
+
+  Returns:
+    ``ClientData`` with ``x: [N, n_max, *feature_shape]`` float32, ``y: [N, n_max]``,
+    ``n: [N]`` int32.
+
+  Raises:
+    ValueError: no clients, an empty client, mismatched lengths or feature shapes, or
+      ``n_max`` smaller than the largest client.
+  """
+  if len(xs) == 0:
+    raise ValueError("from_client_arrays: got 0 clients; pass one array per client.")
+  if len(xs) != len(ys):
+    raise ValueError(f"from_client_arrays: {len(xs)} x arrays but {len(ys)} y arrays; "
+                     "pass one (x, y) pair per client.")
+  xs = [np.asarray(x) for x in xs]
+  ys = [np.asarray(y) for y in ys]
+  shape = xs[0].shape[1:]
+  for i, (x, y) in enumerate(zip(xs, ys)):
+    if x.shape[0] == 0:
+      raise ValueError(f"from_client_arrays: client {i} has 0 examples; drop it first.")
+    if x.shape[1:] != shape:
+      raise ValueError(f"from_client_arrays: client {i} has feature shape {x.shape[1:]}, "
+                       f"client 0 has {shape}; all clients need the same feature shape.")
+    if y.shape[0] != x.shape[0]:
+      raise ValueError(f"from_client_arrays: client {i} has {x.shape[0]} inputs but "
+                       f"{y.shape[0]} labels.")
+  sizes = np.array([x.shape[0] for x in xs], np.int32)
+  biggest = int(sizes.max())
+  n_max = biggest if n_max is None else int(n_max)
+  if n_max < biggest:
+    raise ValueError(f"from_client_arrays: n_max={n_max} < largest client ({biggest}); "
+                     "raise n_max or leave it None.")
+  y_dtype = np.float32 if np.issubdtype(ys[0].dtype, np.floating) else np.int32
+  x_out = np.zeros((len(xs), n_max) + shape, np.float32)
+  y_out = np.zeros((len(xs), n_max), y_dtype)
+  for i, (x, y) in enumerate(zip(xs, ys)):
+    x_out[i, : len(x)] = x
+    y_out[i, : len(y)] = y
+  return ClientData(x=jnp.asarray(x_out), y=jnp.asarray(y_out), n=jnp.asarray(sizes))

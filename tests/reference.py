@@ -1,0 +1,102 @@
+"""Slow, obviously-correct reference implementations: a plain Python loop over clients.
+
+Shares only the documented randomness with the engine (which clients are sampled and which
+minibatch indices each local step draws) so results can be compared to float32 tolerance.
+Optimizers and aggregation are written out by hand from the papers' formulas.
+"""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from fedjax_inv.core import losses
+
+
+def round_keys(key, rnd, num_clients, cohort):
+  k_sample, k_clients = jax.random.split(jax.random.fold_in(key, rnd))
+  idx = np.asarray(jax.random.choice(k_sample, num_clients, (cohort,), replace=False))
+  return idx, [jax.random.fold_in(k_clients, int(i)) for i in idx]
+
+
+def batch_indices(client_key, local_steps, n, batch_size):
+  k_train, _ = jax.random.split(client_key)
+  out = []
+  for k in jax.random.split(k_train, local_steps):
+    kb, _ = jax.random.split(k)
+    out.append(None if batch_size is None else
+               np.asarray(jax.random.randint(kb, (batch_size,), 0, n)))
+  return out
+
+
+def loss_fn(model, kind, params, x, y, w):
+  logits = model.apply(params, x)
+  return losses.mean_loss(kind, logits, y, w)
+
+
+def tmap(f, *trees):
+  return jax.tree.map(f, *trees)
+
+
+def reference_run(model, kind, data, params, *, rounds, cohort, key, local_steps,
+                  batch_size, client_lr, client_momentum=None, server="sgd",
+                  server_lr=1.0, server_momentum=0.9, b1=0.9, b2=0.99, tau=1e-3,
+                  weighting="num_examples", mu=0.0, scaffold=False):
+  """Runs ``rounds`` rounds with a Python loop over clients and returns the params."""
+  N = data.num_clients
+  x_all, y_all, n_all = (np.asarray(data.x), np.asarray(data.y), np.asarray(data.n))
+  m_state = tmap(jnp.zeros_like, params)
+  v_state = tmap(lambda p: jnp.full_like(p, tau ** 2), params)
+  c_server = tmap(jnp.zeros_like, params)
+  c_clients = [tmap(jnp.zeros_like, params) for _ in range(N)]
+  grad = jax.jit(jax.grad(lambda p, x, y, w: loss_fn(model, kind, p, x, y, w)))
+  for rnd in range(rounds):
+    idx, ckeys = round_keys(key, rnd, N, cohort)
+    deltas, weights, dcs = [], [], []
+    for i, ck in zip(idx, ckeys):
+      n = int(n_all[i])
+      xi, yi = x_all[i], y_all[i]
+      p = params
+      mom = tmap(jnp.zeros_like, params)
+      for bidx in batch_indices(ck, local_steps, n, batch_size):
+        if bidx is None:
+          xb, yb, wb = xi, yi, (np.arange(len(xi)) < n).astype(np.float32)
+        else:
+          xb, yb, wb = xi[bidx], yi[bidx], np.ones(len(bidx), np.float32)
+        g = grad(p, xb, yb, wb)
+        if mu:
+          g = tmap(lambda g, w, w0: g + mu * (w - w0), g, p, params)
+        if scaffold:
+          g = tmap(lambda g, c, ci: g - ci + c, g, c_server, c_clients[i])
+        if client_momentum:
+          mom = tmap(lambda m, g: client_momentum * m + g, mom, g)
+          g = mom
+        p = tmap(lambda w, g: w - client_lr * g, p, g)
+      deltas.append(tmap(jnp.subtract, params, p))
+      weights.append(float(n) if weighting == "num_examples" else 1.0)
+      if scaffold:
+        ci_new = tmap(lambda ci, c, x0, y: ci - c + (x0 - y) / (local_steps * client_lr),
+                      c_clients[i], c_server, params, p)
+        dcs.append(tmap(jnp.subtract, ci_new, c_clients[i]))
+        c_clients[i] = ci_new
+    wsum = sum(weights)
+    pg = tmap(lambda *ds: sum(w * d for w, d in zip(weights, ds)) / wsum, *deltas)
+    if scaffold:
+      mean_dc = tmap(lambda *ds: sum(ds) / len(ds), *dcs)
+      c_server = tmap(lambda c, d: c + (cohort / N) * d, c_server, mean_dc)
+    if server == "sgd":
+      params = tmap(lambda w, g: w - server_lr * g, params, pg)
+    elif server == "momentum":
+      m_state = tmap(lambda m, g: server_momentum * m + g, m_state, pg)
+      params = tmap(lambda w, m: w - server_lr * m, params, m_state)
+    else:
+      d = tmap(jnp.negative, pg)
+      m_state = tmap(lambda m, d: b1 * m + (1 - b1) * d, m_state, d)
+      if server == "adagrad":
+        v_state = tmap(lambda v, d: v + d * d, v_state, d)
+      elif server == "adam":
+        v_state = tmap(lambda v, d: b2 * v + (1 - b2) * d * d, v_state, d)
+      else:
+        v_state = tmap(lambda v, d: v - (1 - b2) * d * d * np.sign(v - d * d), v_state, d)
+      params = tmap(lambda w, m, v: w + server_lr * m / (jnp.sqrt(v) + tau), params,
+                    m_state, v_state)
+  return params
