@@ -44,7 +44,9 @@ def _weighted_mean(values: jax.Array, weights) -> jax.Array:
   w = weights.astype(values.dtype)
   wsum = jnp.sum(w)
   safe = jnp.where(wsum > 0, wsum, jnp.ones_like(wsum))
-  return jnp.where(wsum > 0, jnp.sum(w * values) / safe, jnp.zeros_like(wsum))
+  # where(): a non-finite value in a zero-weight (padded) row cannot leak in as 0 * inf.
+  total = jnp.sum(jnp.where(w > 0, w * values, jnp.zeros_like(values)))
+  return jnp.where(wsum > 0, total / safe, jnp.zeros_like(wsum))
 
 
 def _classification_inputs(logits, labels):
@@ -157,19 +159,23 @@ def mse(pred, targets, weights=None) -> jax.Array:
 
   Source: Invariant FedAvg §4.1 (linear-regression task, IRM Example 1 of Arjovsky et al.).
   """
+  return _mse_kernel(*_mse_inputs(pred, targets, weights))
+
+
+def _mse_inputs(pred, targets, weights):
+  """Validates shapes; ``[n, 1]`` predictions against ``[n]`` targets become ``[n]``."""
   pred = jnp.asarray(pred)
   targets = jnp.asarray(targets)
   if pred.ndim == 0:
     raise ValueError("pred must have a leading sample axis [n, ...], got a scalar.")
   if pred.shape != targets.shape:
     if pred.ndim == 2 and pred.shape[1] == 1 and targets.shape == (pred.shape[0],):
-      pred = pred[:, 0]
+      pred = pred.reshape(pred.shape[0])
     else:
       raise ValueError(
           f"pred shape {tuple(pred.shape)} does not match targets shape "
           f"{tuple(targets.shape)}.")
-  weights = _check_weights(weights, pred.shape[0])
-  return _mse_kernel(pred, targets, weights)
+  return pred, targets, _check_weights(weights, pred.shape[0])
 
 
 @jax.jit
@@ -215,14 +221,24 @@ def irm_v1(logits, labels, weights=None, *, loss: str = "cross_entropy") -> jax.
   eq. 15 (added to each client's loss, weighted by λ).
   """
   if loss == "cross_entropy":
-    loss_fn = cross_entropy
+    logits, labels, binary = _classification_inputs(logits, labels)
+    weights = _check_weights(weights, logits.shape[0])
+    loss_fn = _ce_binary if binary else _ce_multiclass
   elif loss == "mse":
-    loss_fn = mse
+    logits, labels, weights = _mse_inputs(logits, labels, weights)
+    loss_fn = _mse_kernel
   else:
     raise ValueError(f"loss must be 'cross_entropy' or 'mse', got {loss!r}.")
-  logits = jnp.asarray(logits)
-  loss_fn(logits, labels, weights)  # validates the shapes (eagerly, before tracing).
-  return _irm_v1_kernel(logits, jnp.asarray(labels), weights, loss_fn)
+  return _irm_v1_kernel(logits, labels, weights, loss_fn)
+
+
+# Module-level (hashable, cache-stable) loss functions for the static argument below.
+def _ce_binary(logits, labels, weights):
+  return _cross_entropy_kernel(logits, labels, weights, True)
+
+
+def _ce_multiclass(logits, labels, weights):
+  return _cross_entropy_kernel(logits, labels, weights, False)
 
 
 @functools.partial(jax.jit, static_argnums=(3,))
@@ -271,6 +287,11 @@ def classifier_per_sample_grads(features, logit_grads) -> dict:
     raise ValueError(
         f"features ({z.shape[0]} samples) and logit_grads ({g.shape[0]} samples) "
         "disagree on n.")
+  return _per_sample_grads_kernel(z, g)
+
+
+@jax.jit
+def _per_sample_grads_kernel(z, g) -> dict:
   dtype = jnp.result_type(z.dtype, g.dtype, jnp.float32)
   z, g = z.astype(dtype), g.astype(dtype)
   return {"kernel": jnp.einsum("nd,nk->ndk", z, g), "bias": g}
@@ -307,7 +328,18 @@ def per_sample_classifier_grad_variance(features, logits, labels, weights=None) 
   logits, labels, binary = _classification_inputs(logits, labels)
   n = logits.shape[0]
   weights = _check_weights(weights, n)
-  grads = classifier_per_sample_grads(features, _logit_grads(logits, labels, binary))
+  z = jnp.asarray(features)
+  if z.ndim != 2 or z.shape[0] != n:
+    raise ValueError(
+        f"features must have shape [n={n}, d] to match the logits, got {tuple(z.shape)}.")
+  return _grad_variance_kernel(z, logits, labels, weights, binary)
+
+
+@functools.partial(jax.jit, static_argnums=(4,))
+def _grad_variance_kernel(features, logits, labels, weights, binary: bool) -> dict:
+  logits, labels = _prepare(logits, labels, binary)
+  n = logits.shape[0]
+  grads = _per_sample_grads_kernel(features, _logit_grads(logits, labels, binary))
 
   def var(x):
     if weights is None:
@@ -316,8 +348,9 @@ def per_sample_classifier_grad_variance(features, logits, labels, weights=None) 
     w = weights.astype(x.dtype).reshape((n,) + (1,) * (x.ndim - 1))
     wsum = jnp.sum(w)
     safe = jnp.where(wsum > 0, wsum, jnp.ones_like(wsum))
-    mu = jnp.sum(w * x, axis=0) / safe
-    v = jnp.sum(w * (x - mu) ** 2, axis=0) / safe
+    keep = w > 0  # zero-weight (padded) rows cannot leak non-finite values in.
+    mu = jnp.sum(jnp.where(keep, w * x, 0.0), axis=0) / safe
+    v = jnp.sum(jnp.where(keep, w * (x - mu) ** 2, 0.0), axis=0) / safe
     return jnp.where(wsum > 0, v, jnp.zeros_like(v))
 
   return {k: var(v) for k, v in grads.items()}
@@ -343,14 +376,20 @@ def fishr_penalty(variances: PyTree, axis: int = 0) -> jax.Array:
   leaves = jax.tree.leaves(variances)
   if not leaves:
     raise ValueError("variances must contain at least one array leaf.")
-  total = None
-  for leaf in leaves:
-    c = jnp.asarray(leaf)
-    if c.ndim == 0 or not -c.ndim <= axis < c.ndim:
+  leaves = [jnp.asarray(leaf) for leaf in leaves]
+  for c in leaves:
+    if not isinstance(axis, int) or c.ndim == 0 or not -c.ndim <= axis < c.ndim:
       raise ValueError(
-          f"axis={axis} is out of range for a leaf of shape {tuple(c.shape)}.")
+          f"axis={axis!r} is out of range for a leaf of shape {tuple(c.shape)}.")
     if c.shape[axis] == 0:
       raise ValueError(f"the client axis (axis={axis}) of a leaf is empty.")
+  return _fishr_kernel(leaves, axis)
+
+
+@functools.partial(jax.jit, static_argnums=(1,))
+def _fishr_kernel(leaves, axis: int) -> jax.Array:
+  total = None
+  for c in leaves:
     if not jnp.issubdtype(c.dtype, jnp.floating):
       c = c.astype(jnp.float32)
     dev = c - jnp.mean(c, axis=axis, keepdims=True)
@@ -389,13 +428,21 @@ def prox_term(params: PyTree, global_params: PyTree, mu) -> jax.Array:
       raise ValueError(f"mu must be >= 0, got {mu!r}.")
   except (jax.errors.ConcretizationTypeError, TypeError):
     pass  # traced mu: cannot be checked.
-  total = jnp.zeros((), jnp.float32)
+  pairs = []
   for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(global_params)):
     a, b = jnp.asarray(a), jnp.asarray(b)
     if a.shape != b.shape:
       raise ValueError(
           f"params leaf shape {tuple(a.shape)} != global_params leaf shape "
           f"{tuple(b.shape)}.")
+    pairs.append((a, b))
+  return _prox_kernel(pairs, mu)
+
+
+@jax.jit
+def _prox_kernel(pairs, mu) -> jax.Array:
+  total = jnp.zeros((), jnp.float32)
+  for a, b in pairs:
     total = total + jnp.sum((a - b) ** 2)
   return 0.5 * mu * total
 
@@ -430,8 +477,13 @@ def gaussian_kl(mu_q, sigma_q, mu_p, sigma_p) -> jax.Array:
         f"{[tuple(a.shape) for a in args]}.") from e
   if len(shape) == 0:
     raise ValueError("gaussian_kl needs at least one axis (the last is summed over).")
-  dtype = jnp.result_type(*args, jnp.float32)
-  mq, sq, mp, sp = (a.astype(dtype) for a in args)
+  return _gaussian_kl_kernel(*args, shape)
+
+
+@functools.partial(jax.jit, static_argnums=(4,))
+def _gaussian_kl_kernel(mu_q, sigma_q, mu_p, sigma_p, shape) -> jax.Array:
+  dtype = jnp.result_type(mu_q, sigma_q, mu_p, sigma_p, jnp.float32)
+  mq, sq, mp, sp = (a.astype(dtype) for a in (mu_q, sigma_q, mu_p, sigma_p))
   kl = (jnp.log(sp) - jnp.log(sq)
         + (sq ** 2 + (mq - mp) ** 2) / (2.0 * sp ** 2) - 0.5)
   return jnp.sum(jnp.broadcast_to(kl, shape), axis=-1)
@@ -457,10 +509,15 @@ def l2r(z, weights=None, squared: bool = True) -> jax.Array:
   z = jnp.asarray(z)
   if z.ndim == 0:
     raise ValueError("z must have a leading sample axis [n, ...], got a scalar.")
+  weights = _check_weights(weights, z.shape[0])
+  return _l2r_kernel(z, weights, bool(squared))
+
+
+@functools.partial(jax.jit, static_argnums=(2,))
+def _l2r_kernel(z, weights, squared: bool) -> jax.Array:
   if not jnp.issubdtype(z.dtype, jnp.floating):
     z = z.astype(jnp.float32)
   n = z.shape[0]
-  weights = _check_weights(weights, n)
   sq = jnp.sum(z.reshape(n, -1) ** 2, axis=1)
   if not squared:
     # Safe sqrt: the gradient at z_i = 0 is 0 instead of NaN.

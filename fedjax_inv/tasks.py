@@ -109,3 +109,11 @@ def colored_mnist_fedilc(data_dir=None, source="auto", download=False, seed=0,
               defaults=dict(rounds=300, local_steps=1, batch_size=None,
                             client_optimizer="adam", client_lr=3e-4, weight_decay=0.01,
                             eval_every=10))
+
+
+# Task modules register themselves on import (kept at the bottom: they import this module).
+from fedjax_inv.data import synthetic as _synthetic  # noqa: E402,F401
+from fedjax_inv.data import rotated as _rotated  # noqa: E402,F401
+from fedjax_inv.data import partition as _partition  # noqa: E402,F401
+from fedjax_inv.data import eicu as _eicu  # noqa: E402,F401
+from fedjax_inv.data import domainbed as _domainbed  # noqa: E402,F401

@@ -138,6 +138,8 @@ class Algorithm:
     components: tuple of ``Component``.
     client_lr: the client learning rate (SCAFFOLD's control variate update needs it).
     hparams: flat dict of the hyperparameters, for summaries.
+    model_transform: optional ``FunctionalModel -> FunctionalModel`` applied to the
+      task's model before training (FedSR adds its probabilistic representation head).
   """
   name: str
   client_optimizer: optax.GradientTransformation
@@ -149,6 +151,7 @@ class Algorithm:
   components: tuple = ()
   client_lr: float = 0.0
   hparams: dict = dataclasses.field(default_factory=dict)
+  model_transform: Optional[Callable] = None
 
   def __post_init__(self):
     if self.local_steps < 1:
@@ -165,6 +168,10 @@ class Algorithm:
       raise ValueError("at most one component may replace the forward pass.")
     if sum(c.grad_estimator is not None for c in self.components) > 1:
       raise ValueError("at most one component may replace the gradient estimator.")
+
+  def model_for(self, model):
+    """The model this algorithm trains, given the task's ``model``."""
+    return model if self.model_transform is None else self.model_transform(model)
 
   def replace(self, **kw) -> "Algorithm":
     return dataclasses.replace(self, **kw)

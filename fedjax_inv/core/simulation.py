@@ -65,10 +65,11 @@ def run(task, algorithm, *, rounds: int, clients_per_round: int | None = None,
   if eval_every < 1:
     raise ValueError(f"eval_every={eval_every}; it must be >= 1.")
   mesh = client_mesh() if shard else None
-  round_fn = build_round(task.model, task.kind, algorithm, num_clients, cohort,
+  model = algorithm.model_for(task.model)
+  round_fn = build_round(model, task.kind, algorithm, num_clients, cohort,
                          execution=execution, chunk_size=chunk_size, mesh=mesh)
-  evaluate = build_evaluator(task.model, task.kind, algorithm)
-  params = task.model.init(seed)
+  evaluate = build_evaluator(model, task.kind, algorithm)
+  params = model.init(seed)
   server, cstates = init_state(algorithm, params, num_clients)
   key = jax.random.key(seed)
   history = []
