@@ -57,7 +57,11 @@ def load_config(path: str) -> dict:
   text = p.read_text()
   if p.suffix.lower() in (".yaml", ".yml"):
     import yaml
-    cfg = yaml.safe_load(text) or {}
+    try:
+      cfg = yaml.safe_load(text) or {}
+    except yaml.YAMLError as e:
+      raise ValueError(f"--config {path}: not valid plain YAML ({e}). Configs are data "
+                       "only: tags such as !!python/... are refused.")
   else:
     try:
       cfg = json.loads(text)

