@@ -1,1 +1,749 @@
-"""(being written)"""
+"""The FedILC family (Zhu, Ezzine, Liu, Bengio) and its FedCurv baseline.
+
+Registry names (FedILC §5 lists all of them as the methods it compares):
+
+* ``geometric`` — FedSGD whose client gradients are combined with the weighted geometric
+  mean (FedILC §3.1) instead of the arithmetic mean.
+* ``fishr_inter_geo`` — Fishr+Inter-Geo (FedILC §3.2, Alg. 1):
+  ``w ← w − η(∇^∧F + λ∇L_Fishr)``, ``∇^∧F`` the weighted geometric mean of the client
+  gradients.
+* ``fishr_intra_geo`` — Fishr+Intra-Geo (FedILC §3.3, Alg. 2): every client's gradient is
+  the weighted geometric mean of its per-example gradients (each example an environment;
+  or, FedILC §5's "scalable solution", of ``intra_groups`` mini-batch gradients); the
+  server takes their arithmetic mean and adds ``λ∇L_Fishr``.
+* ``fishr_intra_arith`` — Fishr+Intra-Arith (FedILC §5 baseline): FedSGD + ``λ∇L_Fishr``.
+* ``fedcurv`` — FedCurv (Shoham et al. 2019, "Overcoming Forgetting in Federated Learning
+  on Non-IID Data"; FedILC §2/§5 baseline): local training with the penalty
+  ``λ Σ_{j≠i} Σ_k F_{j,k}(θ_k − θ̂_{j,k})²`` built from the other clients' diagonal
+  Fisher information ``F_j`` and models ``θ̂_j``.
+
+The four FedSGD-type methods fix the client recipe: one local step of ``sgd(1.0)`` on the
+client's batch at the global model ``w_t`` (the whole client data when ``batch_size`` is
+None), so the pseudo-gradient ``w_t − (w_t − g)`` *is* the client gradient ``g`` (up to
+the float32 rounding of ``w_t − g``: an error of at most half an ulp of ``w_t``, so a
+gradient coordinate smaller than that arrives as an exact zero). The server optimizer
+follows FedILC §5.1: Adam with weight decay (``server_optimizer='adamw'``,
+``server_lr=3e-4``, ``weight_decay=0.01``, the Color-MNIST values), applied to the
+aggregated pseudo-gradient; ``'adam'`` (coupled L2, ``torch.optim.Adam(weight_decay=…)``
+semantics) and ``'sgd'`` (the update ``w − η(…)`` of Alg. 1-2 literally) are options.
+
+Fishr message protocol (one round, ``E`` = the clients sampled this round):
+  1. pre-stage, at the global model ``θ = w_t``: client ``e`` sends ``v_e = C_e(θ)``, the
+     diagonal of the per-example gradient covariance of the final linear classifier on
+     its (unpadded) data, and ``‖v_e‖²``. The server takes the *uniform* mean
+     ``v̄ = (1/E) Σ_e v_e`` and stores it (and ``L_Fishr = mean‖v_e‖² − ‖v̄‖²``, the
+     penalty value, for inspection) in its component state, which it broadcasts;
+  2. main stage: besides its gradient, client ``e`` sends its vector-Jacobian product
+     ``2(v_e − v̄)ᵀ ∂v_e/∂θ`` (with respect to ALL parameters: ``C_e`` depends on the
+     featurizer through the features);
+  3. the server takes their uniform mean, which is exactly
+     ``∇_θ L_Fishr = ∇_θ (1/E) Σ_e ‖v_e − v̄‖²`` (the ``∂v̄/∂θ`` terms cancel because
+     ``Σ_e (v_e − v̄) = 0``), and adds ``λ`` times it to the pseudo-gradient before the
+     server optimizer.
+Only classifier-sized vectors ``v_e`` and one parameter-sized VJP per client travel; the
+result equals ``jax.grad`` of ``L_Fishr`` through the vmapped clients.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from fedjax_inv import aggregators as aggs
+from fedjax_inv import penalties
+from fedjax_inv.algorithms import base
+from fedjax_inv.algorithms.base import register, uniform_mean
+from fedjax_inv.core import losses
+from fedjax_inv.core.algorithm import Algorithm, Batch, Component
+
+PyTree = Any
+
+SERVER_OPTIMIZERS = ("adamw", "adam", "sgd")
+ZEROS = ("both", "negative")
+WEIGHTINGS = ("num_examples", "uniform")
+
+# FedILC §5.1.1 (Color-MNIST): Adam, lr 3e-4, weight decay 0.01, λ = 15.
+COLOR_MNIST_DEFAULTS = dict(server_optimizer="adamw", server_lr=3e-4, weight_decay=0.01,
+                            fishr_lambda=15.0)
+_FEDSGD_FIXED = ("client_lr", "local_steps", "client_optimizer")
+
+
+# ---------------------------------------------------------------------------------------
+# Validation helpers (all raise ValueError in the factory, before anything is compiled)
+# ---------------------------------------------------------------------------------------
+
+
+def _finite(name: str, value, fix: str) -> float:
+  try:
+    v = float(value)
+  except (TypeError, ValueError) as e:
+    raise ValueError(f"{name}={value!r} is not a number; {fix}.") from e
+  if isinstance(value, bool) or not math.isfinite(v):
+    raise ValueError(f"{name}={value!r}; {fix}.")
+  return v
+
+
+def _positive(name: str, value) -> float:
+  v = _finite(name, value, "use a finite number > 0")
+  if v <= 0:
+    raise ValueError(f"{name}={value!r}; it must be > 0.")
+  return v
+
+
+def _nonneg(name: str, value) -> float:
+  v = _finite(name, value, "use a finite number >= 0")
+  if v < 0:
+    raise ValueError(f"{name}={value!r}; it must be >= 0 (0 switches the term off).")
+  return v
+
+
+def _pos_int(name: str, value, allow_none: bool = False, none_means: str = ""):
+  if value is None and allow_none:
+    return None
+  if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    extra = f" or None ({none_means})" if allow_none else ""
+    raise ValueError(f"{name}={value!r}; use a positive int{extra}.")
+  return int(value)
+
+
+def _choice(name: str, value, choices) -> str:
+  if value not in choices:
+    raise ValueError(f"{name}={value!r}; choose one of {choices}.")
+  return value
+
+
+def _check_unknown(name: str, unknown: dict, accepted) -> None:
+  if not unknown:
+    return
+  fixed = sorted(k for k in unknown if k in _FEDSGD_FIXED)
+  if fixed:
+    raise ValueError(
+        f"{name} is a FedSGD-type method and fixes {fixed} (one local step of sgd(1.0), so "
+        "the client sends its gradient); tune server_lr / server_optimizer / weight_decay "
+        "instead.")
+  raise ValueError(f"algorithm {name!r} got unknown hyperparameters {sorted(unknown)}; "
+                   f"it accepts {sorted(accepted)}.")
+
+
+def server_optimizer(name: str = "adamw", lr: float = 3e-4, weight_decay: float = 0.01,
+                     b1: float = 0.9, b2: float = 0.999,
+                     eps: float = 1e-8) -> optax.GradientTransformation:
+  """The FedILC server optimizer on the aggregated pseudo-gradient.
+
+  Args:
+    name: ``'adamw'`` — ``optax.adamw`` (bias-corrected Adam, decoupled weight decay
+      ``w ← w − η(m̂/(√v̂+ε) + wd·w)``), the default, FedILC §5.1's "Adam with weight
+      decay"; ``'adam'`` — coupled L2 (the decay ``wd·w`` is added to the
+      pseudo-gradient before Adam, as ``torch.optim.Adam(weight_decay=wd)`` does);
+      ``'sgd'`` — ``w ← w − η(g + wd·w)``, Alg. 1-2's update literally.
+    lr: server learning rate ``η`` (> 0).
+    weight_decay: ``wd >= 0`` (per round, unitless).
+    b1, b2, eps: Adam's moment decays and epsilon (torch/optax defaults).
+
+  Returns:
+    ``optax.GradientTransformation``; its ``update`` needs the params (the engine passes
+    them).
+
+  Raises:
+    ValueError: unknown ``name``; ``lr <= 0``; ``weight_decay < 0``; ``b1``/``b2`` outside
+      [0, 1); ``eps <= 0``.
+
+  Source: FedILC §5.1.1-5.1.3 (Adam, lr 3e-4 / 1e-4 / 2e-4, weight decay 0.01 / 1e-3 /
+  1e-3).
+  """
+  _choice("server_optimizer", name, SERVER_OPTIMIZERS)
+  lr = _positive("server_lr", lr)
+  wd = _nonneg("weight_decay", weight_decay)
+  for nm, b in (("b1", b1), ("b2", b2)):
+    b = _finite(nm, b, "use a number in [0, 1)")
+    if not 0.0 <= b < 1.0:
+      raise ValueError(f"{nm}={b!r}; Adam's moment decay must be in [0, 1).")
+  eps = _positive("eps", eps)
+  if name == "adamw":
+    return optax.adamw(lr, b1=b1, b2=b2, eps=eps, weight_decay=wd)
+  inner = optax.adam(lr, b1=b1, b2=b2, eps=eps) if name == "adam" else optax.sgd(lr)
+  return optax.chain(optax.add_decayed_weights(wd), inner) if wd else inner
+
+
+_server_opt = server_optimizer  # the factories' ``server_optimizer`` kwarg shadows the name
+
+
+# ---------------------------------------------------------------------------------------
+# Per-example sums, chunked (bounded memory: chunk × parameters)
+# ---------------------------------------------------------------------------------------
+
+
+def _sum_over_examples(fn: Callable, x, y, w, chunk: int):
+  """``Σ_i fn(x_i, y_i, w_i)`` over the ``B`` examples of ``x [B, ...]``, ``y [B]``,
+  ``w [B]``: ``vmap`` within chunks of ``chunk`` examples, ``lax.scan`` across chunks.
+  The tail is padded with weight-0 examples, which ``fn`` must map to zero statistics."""
+  b = x.shape[0]
+  s = max(1, min(int(chunk), b))
+  pad = (-b) % s
+  if pad:
+    x = jnp.concatenate([x, jnp.zeros((pad,) + x.shape[1:], x.dtype)])
+    y = jnp.concatenate([y, jnp.zeros((pad,) + y.shape[1:], y.dtype)])
+    w = jnp.concatenate([w, jnp.zeros((pad,), w.dtype)])
+  k = (b + pad) // s
+
+  def chunk_sum(xc, yc, wc):
+    return jax.tree.map(lambda a: jnp.sum(a, axis=0), jax.vmap(fn)(xc, yc, wc))
+
+  if k == 1:
+    return chunk_sum(x, y, w)
+  xs, ys, ws = (a.reshape((k, s) + a.shape[1:]) for a in (x, y, w))
+  zeros = jax.tree.map(lambda t: jnp.zeros(t.shape, t.dtype),
+                       jax.eval_shape(chunk_sum, xs[0], ys[0], ws[0]))
+
+  def body(carry, inp):
+    return jax.tree.map(jnp.add, carry, chunk_sum(*inp)), None
+
+  out, _ = jax.lax.scan(body, zeros, (xs, ys, ws))
+  return out
+
+
+def _zero_where(keep, tree):
+  return jax.tree.map(lambda a: jnp.where(keep, a, jnp.zeros_like(a)), tree)
+
+
+# ---------------------------------------------------------------------------------------
+# Fishr (FedILC §3.2): pre-stage v_e → v̄, main-stage VJP, server adds λ·mean VJP
+# ---------------------------------------------------------------------------------------
+
+
+def client_grad_variance(model, kind: str, params: PyTree, x, y, n) -> dict:
+  """``v_e = C_e``: per-coordinate variance over the client's examples of the per-example
+  gradients of the final linear classifier, at ``params``.
+
+  Args:
+    model: ``FunctionalModel`` (featurizer → ``z [n_max, d]``, linear classifier).
+    kind: 'binary' | 'multiclass' (Fishr needs a likelihood over classes).
+    params: model parameters (differentiable: featurizer and classifier).
+    x: ``[n_max, ...]`` client inputs, padded; y: ``[n_max]`` labels; n: true size.
+
+  Returns:
+    ``{'kernel': [d, K], 'bias': [K]}`` (``K = 1`` for binary): the biased (``1/n_e``)
+    variance over the ``n`` real examples; padded rows have weight 0.
+
+  Raises:
+    ValueError: ``kind == 'regression'`` (raised while tracing the round).
+
+  Source: FedILC §3.2 (C_e) with §5's diagonal, classifier-only simplification;
+  ``penalties.per_sample_classifier_grad_variance``.
+  """
+  if kind not in ("binary", "multiclass"):
+    raise ValueError(f"Fishr (FedILC §3.2) needs a classification task; got loss kind "
+                     f"{kind!r}. Use 'geometric' or 'fedcurv' for regression.")
+  w = (jnp.arange(x.shape[0]) < n).astype(jnp.float32)
+  z = model.features(params, x)
+  logits = model.classify(params, z)
+  return penalties.per_sample_classifier_grad_variance(z, logits, y, w)
+
+
+def fishr_component(fishr_lambda: float) -> Component:
+  """The Fishr penalty ``λ∇L_Fishr`` as a message protocol over the engine's hooks.
+
+  Server state ``{'mean_var': v̄ (classifier-shaped: {'kernel': [d, K], 'bias': [K]}),
+  'penalty': L_Fishr}``, refreshed every round by the pre-stage.
+
+  * ``pre_message`` (client ``e``, at ``w_t``): ``{'v': v_e, 'sq': ‖v_e‖²}`` with
+    ``v_e = client_grad_variance(...)``; aggregated by the uniform mean;
+  * ``pre_update``: stores ``v̄`` and ``L_Fishr = mean_e ‖v_e‖² − ‖v̄‖²``
+    ``= (1/E) Σ_e ‖v_e − v̄‖²`` (the penalty's value, for inspection; may round to a tiny
+    negative number);
+  * ``message`` (client ``e``, at ``w_t``, whatever its local training did):
+    ``2(v_e − v̄)ᵀ ∂v_e/∂θ`` via ``jax.vjp`` — a pytree shaped like the parameters;
+    aggregated by the uniform mean;
+  * ``server_update``: ``pseudo_grad + λ · mean_e VJP_e`` (``= λ∇L_Fishr``).
+
+  ``E`` is the cohort sampled this round (all clients when ``clients_per_round`` is the
+  pool size, as in FedILC).
+
+  Args:
+    fishr_lambda: ``λ >= 0`` (FedILC §5.1: 15.0 Color-MNIST, 1.0 Rotated-CIFAR10, 0.1
+      eICU). With ``λ = 0`` the pseudo-gradient is returned unchanged (bit for bit).
+
+  Raises:
+    ValueError: ``fishr_lambda`` negative or not finite.
+
+  Source: FedILC §3.2 (L_Fishr, eq. for w_{t+1}), Alg. 1-2; DESIGN.md §1.
+  """
+  lam = _nonneg("fishr_lambda", fishr_lambda)
+
+  def init_server(params):
+    cls = params["classifier"]
+    return {"mean_var": {"kernel": jnp.zeros_like(cls["kernel"]),
+                         "bias": jnp.zeros_like(cls["bias"])},
+            "penalty": jnp.zeros((), jnp.float32)}
+
+  def pre_message(model, kind, params, data, ctx, key):
+    x, y, n = data
+    v = client_grad_variance(model, kind, params, x, y, n)
+    sq = sum(jnp.sum(a * a) for a in jax.tree.leaves(v))
+    return {"v": v, "sq": sq}
+
+  def pre_update(state, mean, ctx):
+    v_bar = mean["v"]
+    sq_bar = sum(jnp.sum(a * a) for a in jax.tree.leaves(v_bar))
+    return {"mean_var": v_bar, "penalty": (mean["sq"] - sq_bar).astype(jnp.float32)}
+
+  def message(model, kind, params0, params, data, ctx, key, local_steps, lr):
+    x, y, n = data
+    v_bar = ctx.extras["fishr"]["mean_var"]
+    v, vjp_fn = jax.vjp(lambda p: client_grad_variance(model, kind, p, x, y, n), params0)
+    cot = jax.tree.map(lambda a, b: 2.0 * (a - b), v, v_bar)
+    (g,) = vjp_fn(cot)
+    return g, None
+
+  def server_update(state, mean_vjp, pseudo_grad, ctx):
+    return state, jax.tree.map(lambda p, g: p + lam * g, pseudo_grad, mean_vjp)
+
+  return Component(name="fishr", init_server=init_server, pre_message=pre_message,
+                   pre_aggregator=uniform_mean(), pre_update=pre_update, message=message,
+                   aggregator=uniform_mean(), server_update=server_update)
+
+
+# ---------------------------------------------------------------------------------------
+# Intra-silo weighted geometric mean (FedILC §3.3, Alg. 2)
+# ---------------------------------------------------------------------------------------
+
+
+def intra_geo_component(groups: int | None = None, chunk: int = 64,
+                        zeros: str = "both") -> Component:
+  """Client gradient = weighted geometric mean over environments inside the client.
+
+  A ``grad_estimator``: given the minibatch ``batch`` (``x [B, ...]``, ``y [B]``, ``w [B]``
+  with 1 = real, 0 = padding), returns ``(loss, grads)`` with
+
+  * ``groups=None`` (Alg. 2, each example an environment): ``grads = wgm_i ∇ℓ_i`` over
+    the real examples, ``∇ℓ_i`` the gradient of the client objective on the single
+    example ``i`` (``value_and_grad_fn`` on a one-example batch, ``vmap``-ed in chunks
+    of ``chunk`` examples, summed with ``lax.scan``);
+  * ``groups=m`` (FedILC §5's scalable solution): the real examples, in their stored
+    order, are cut into ``m`` contiguous groups of sizes differing by at most one
+    (example of rank ``r`` among ``n`` real ones goes to group ``⌊r·m/n⌋``);
+    ``grads = wgm_j ∇L_j`` over the non-empty groups, ``L_j`` the group's mean loss.
+    With ``batch_size`` set, each local step's batch is a fresh uniform sample, so the
+    groups are random mini-batches; with the full client batch they are fixed slices
+    (sub-environments stored contiguously become groups).
+
+  ``loss`` is the weighted mean of the per-example (per-group) losses, i.e. the batch's
+  mean loss.
+
+  Padding and zeros: the geometric mean is computed in its monoid form
+  (``aggregators.geometric_mean_aggregator(zeros)``: per-sign counts and sums of
+  ``log|g|``); a padded example (weight 0) or an empty group is lifted with weight 0, and
+  its inputs and gradient are replaced by zeros first, so it contributes nothing — not
+  even to ``|E|`` — whatever its stored values. ``zeros`` is the convention for exact
+  zero gradients (``'both'``: the paper's E± both contain it, so one zero makes that
+  coordinate 0; ``'negative'``: FedILC's code, zero counts only in E−, without its 1e-10
+  log offset). Note that per-example gradients of ReLU networks have many exact zeros
+  (inactive units, zero input pixels).
+
+  Shapes: ``grads`` has the parameters' structure; memory ``O(chunk × parameters)``
+  (per-example) or ``O(m × batch activations)`` (groups).
+
+  Raises:
+    ValueError: ``groups`` not None / a positive int; ``chunk`` not a positive int;
+      ``zeros`` not in ('both', 'negative').
+
+  Source: FedILC §3.3, Alg. 2 (ClientUpdates), §5 (mini-batch geometric mean); §3.1
+  (weightedgeo).
+  """
+  groups = _pos_int("intra_groups", groups, allow_none=True,
+                    none_means="one environment per example")
+  chunk = _pos_int("intra_chunk", chunk)
+  _choice("zeros", zeros, ZEROS)
+  agg = aggs.geometric_mean_aggregator(zeros)
+
+  def per_example(value_and_grad_fn, params, key):
+    def one(xi, yi, wi):
+      keep = wi > 0
+      xi = jnp.where(keep, xi, jnp.zeros_like(xi))
+      loss, g = value_and_grad_fn(params, Batch(x=xi[None], y=yi[None], w=wi[None]), key)
+      g = _zero_where(keep, g)
+      loss = jnp.where(keep, loss, 0.0)
+      return agg.lift(g, wi), wi * loss, wi
+    return one
+
+  def grad_estimator(value_and_grad_fn, params, batch, ctx, key):
+    w = batch.w.astype(jnp.float32)
+    if groups is None:
+      stats, loss_sum, wsum = _sum_over_examples(
+          per_example(value_and_grad_fn, params, key), batch.x, batch.y, w, chunk)
+    else:
+      real = w > 0
+      rank = jnp.cumsum(real.astype(jnp.int32)) - 1
+      n_real = jnp.maximum(jnp.sum(real.astype(jnp.int32)), 1)
+      gid = jnp.where(real, (rank * groups) // n_real, -1)
+
+      def group(j):
+        wj = jnp.where(gid == j, w, 0.0)
+        size = jnp.sum(wj)
+        loss, g = value_and_grad_fn(params, Batch(x=batch.x, y=batch.y, w=wj), key)
+        keep = size > 0
+        return agg.lift(_zero_where(keep, g), size), size * jnp.where(keep, loss, 0.0), size
+
+      out = jax.vmap(group)(jnp.arange(groups))
+      stats, loss_sum, wsum = jax.tree.map(lambda a: jnp.sum(a, axis=0), out)
+    grads = agg.finalize(stats)
+    return loss_sum / jnp.maximum(wsum, 1e-12), grads
+
+  return Component(name="intra_geo", grad_estimator=grad_estimator)
+
+
+# ---------------------------------------------------------------------------------------
+# FedCurv (Shoham et al. 2019)
+# ---------------------------------------------------------------------------------------
+
+
+def diagonal_fisher(model, kind: str, params: PyTree, x, y, n, chunk: int = 64) -> PyTree:
+  """Empirical diagonal Fisher information of one client at ``params``.
+
+  ``F = (1/n) Σ_i (∇_θ ℓ_i(θ))²`` over the client's ``n`` real examples, with
+  ``ℓ_i = −log p(y_i | x_i, θ)`` the per-example task loss at the observed label (the
+  *empirical* Fisher, as FedCurv's and EWC's implementations compute it; for
+  'regression' ``ℓ_i`` is the squared error, i.e. 2× the unit-variance Gaussian NLL up to a
+  constant, so ``F`` is 4× that Gaussian Fisher). Per-example gradients are ``vmap``-ed in
+  chunks of ``chunk`` examples (memory ``O(chunk × parameters)``).
+
+  Args:
+    model: ``FunctionalModel``; kind: task loss kind; params: pytree.
+    x: ``[n_max, ...]`` padded inputs; y: ``[n_max]``; n: int32 true size.
+    chunk: examples per vectorized chunk.
+
+  Returns:
+    Pytree shaped like ``params``, entries ``>= 0`` (units: loss² / parameter²).
+
+  Source: Shoham et al. 2019 §3-4 (diag(I_{t,j}), the Fisher of EWC, Kirkpatrick et al.
+  2017).
+  """
+  w = (jnp.arange(x.shape[0]) < n).astype(jnp.float32)
+
+  def one(xi, yi, wi):
+    keep = wi > 0
+    xi = jnp.where(keep, xi, jnp.zeros_like(xi))
+
+    def nll(p):
+      return losses.per_example_loss(kind, model.apply(p, xi[None]), yi[None])[0]
+
+    g = jax.grad(nll)(params)
+    return jax.tree.map(lambda a: jnp.where(keep, wi * a * a, 0.0), g), wi
+
+  total, wsum = _sum_over_examples(one, x, y, w, chunk)
+  return jax.tree.map(lambda t: t / jnp.maximum(wsum, 1e-12), total)
+
+
+def _sum_aggregator() -> aggs.Aggregator:
+  """Plain sum over clients (a client with weight 0 contributes nothing)."""
+  return aggs.Aggregator(
+      lambda m, w: _zero_where(jnp.asarray(w) > 0, m), lambda s: s, "sum")
+
+
+def fedcurv_penalty(params: PyTree, sums: dict, own: dict) -> jax.Array:
+  """``Σ_{j≠i} Σ_k F_{j,k}(θ_k − θ̂_{j,k})²`` from pool sums, without a loop over ``j``.
+
+  With ``U = Σ_j F_j``, ``V = Σ_j F_j θ̂_j``, ``W = Σ_j F_j θ̂_j²`` over every client's
+  latest contribution (``sums``) and client ``i``'s own terms ``own``:
+  ``θ²(U − F_i) − 2θ(V − F_iθ̂_i) + (W − F_iθ̂_i²)``, summed over all coordinates.
+
+  Args:
+    params: ``θ`` (pytree).
+    sums, own: ``{'f', 'f_theta', 'f_theta2'}``, each a pytree shaped like ``params``.
+
+  Returns:
+    Scalar ``>= 0`` up to float32 cancellation (the expanded square; its gradient
+    ``2[θ(U − F_i) − (V − F_iθ̂_i)]`` has no such cancellation).
+
+  Source: Shoham et al. 2019, eq. for L̃_{t,s} and §4 (the server needs only the sums).
+  """
+  total = jnp.zeros((), jnp.float32)
+  for th, u, v, ww, f, ft, ft2 in zip(
+      jax.tree.leaves(params), jax.tree.leaves(sums["f"]), jax.tree.leaves(sums["f_theta"]),
+      jax.tree.leaves(sums["f_theta2"]), jax.tree.leaves(own["f"]),
+      jax.tree.leaves(own["f_theta"]), jax.tree.leaves(own["f_theta2"])):
+    total = total + jnp.sum(th * th * (u - f) - 2.0 * th * (v - ft) + (ww - ft2))
+  return total
+
+
+def fedcurv_component(curv_lambda: float, fisher_chunk: int = 64) -> Component:
+  """FedCurv's curvature penalty and its Fisher/model messages as an associative sum.
+
+  * client loss term: ``λ · fedcurv_penalty(θ, server sums, own last contribution)``;
+  * per-client state (pool ``[N, ...]``): the client's last contribution
+    ``{'f': F_i, 'f_theta': F_iθ̂_i, 'f_theta2': F_iθ̂_i²}`` (zeros until it first
+    participates, so never-seen clients contribute nothing);
+  * ``message`` (after local training, at the final local params ``θ̂_i``): the new
+    contribution minus the old one, with ``F_i = diagonal_fisher(θ̂_i)``; aggregated by a
+    plain sum;
+  * server state ``{'f': U, 'f_theta': V, 'f_theta2': W}`` += the summed differences, so
+    it always holds the sums of every pool client's latest contribution (up to float32
+    rounding accumulated over rounds).
+  All clients of a round see the sums as they stood at the start of the round.
+
+  Raises:
+    ValueError: ``curv_lambda`` negative/not finite; ``fisher_chunk`` not a positive int.
+
+  Source: Shoham et al. 2019 (FedCurv) §3-4.
+  """
+  lam = _nonneg("curv_lambda", curv_lambda)
+  chunk = _pos_int("fisher_chunk", fisher_chunk)
+
+  def zeros(params):
+    z = lambda: jax.tree.map(jnp.zeros_like, params)  # noqa: E731
+    return {"f": z(), "f_theta": z(), "f_theta2": z()}
+
+  def loss(model, kind, params, batch, fwd, ctx, key):
+    return lam * fedcurv_penalty(params, ctx.extras["fedcurv"], ctx.client["fedcurv"])
+
+  def message(model, kind, params0, params, data, ctx, key, local_steps, lr):
+    x, y, n = data
+    f = diagonal_fisher(model, kind, params, x, y, n, chunk)
+    new = {"f": f, "f_theta": jax.tree.map(jnp.multiply, f, params),
+           "f_theta2": jax.tree.map(lambda a, t: a * t * t, f, params)}
+    old = ctx.client["fedcurv"]
+    return jax.tree.map(jnp.subtract, new, old), new
+
+  def server_update(state, summed_diff, pseudo_grad, ctx):
+    return jax.tree.map(jnp.add, state, summed_diff), pseudo_grad
+
+  return Component(name="fedcurv", init_server=zeros, init_client=zeros, loss=loss,
+                   message=message, aggregator=_sum_aggregator(),
+                   server_update=server_update)
+
+
+# ---------------------------------------------------------------------------------------
+# Factories
+# ---------------------------------------------------------------------------------------
+
+_SERVER_KW = ("server_optimizer", "server_lr", "weight_decay", "b1", "b2", "eps")
+
+
+def _server_hparams(server_optimizer, server_lr, weight_decay, b1, b2, eps):
+  opt = _server_opt(server_optimizer, server_lr, weight_decay, b1, b2, eps)
+  hp = dict(server_optimizer=server_optimizer, server_lr=float(server_lr),
+            weight_decay=float(weight_decay))
+  if server_optimizer in ("adamw", "adam"):
+    hp.update(b1=float(b1), b2=float(b2), eps=float(eps))
+  return opt, hp
+
+
+def _fedsgd_type(name: str, *, aggregator: aggs.Aggregator, components: tuple,
+                 batch_size, weighting: str, server: tuple, extra_hp: dict) -> Algorithm:
+  """One local ``sgd(1.0)`` step per round (FedSGD), the given aggregator/components."""
+  batch_size = _pos_int("batch_size", batch_size, allow_none=True,
+                        none_means="the full client data")
+  _choice("weighting", weighting, WEIGHTINGS)
+  opt, hp = _server_hparams(*server)
+  hp = dict(client_optimizer="sgd", client_lr=1.0, local_steps=1, batch_size=batch_size,
+            weighting=weighting, aggregator=aggregator.name, **hp, **extra_hp)
+  return Algorithm(name=name, client_optimizer=optax.sgd(1.0), server_optimizer=opt,
+                   local_steps=1, batch_size=batch_size, aggregator=aggregator,
+                   weighting=weighting, components=tuple(components), client_lr=1.0,
+                   hparams=hp)
+
+
+_COMMON = ("batch_size", "weighting") + _SERVER_KW
+
+
+@register("geometric", paper="FedILC §3.1, §5 (Geometric baseline)",
+          summary="FedSGD with the weighted geometric mean of client gradients, server AdamW")
+def geometric(*, server_optimizer: str = "adamw", server_lr: float = 3e-4,
+              weight_decay: float = 0.01, b1: float = 0.9, b2: float = 0.999,
+              eps: float = 1e-8, batch_size=None, zeros: str = "both",
+              weighting: str = "num_examples", **unknown) -> Algorithm:
+  """Geometric: ``w ← server_opt(w, wgm_e(g_e))``, ``g_e`` client ``e``'s gradient at ``w``.
+
+  FedSGD clients (one ``sgd(1.0)`` step on ``batch_size`` examples, or the whole client
+  data when None), aggregated with the weighted geometric mean
+  ``wgm(G) = |E+|/|E|·(Π_{E+}|g|)^{1/|E+|} − |E−|/|E|·(Π_{E−}|g|)^{1/|E−|}`` per
+  coordinate. The formula has no client weights: every sampled client counts once
+  (``weighting`` only weights the reported train loss).
+
+  Args:
+    server_optimizer, server_lr, weight_decay, b1, b2, eps: see ``server_optimizer``
+      (defaults: FedILC §5.1.1 Color-MNIST, AdamW lr 3e-4, wd 0.01).
+    batch_size: None (full client batch) or examples per local step (with replacement).
+    zeros: 'both' (paper) or 'negative' (FedILC code) — where an exact zero gradient
+      goes; see ``aggregators.weighted_geometric_mean``.
+    weighting: 'num_examples' | 'uniform'.
+
+  Returns:
+    ``Algorithm`` (``hparams`` records every value above).
+
+  Raises:
+    ValueError: any bad value (named, with the fix); ``client_lr`` / ``local_steps`` /
+      ``client_optimizer`` (fixed by FedSGD) or any unknown keyword.
+
+  Source: FedILC §3.1 (weightedgeo, ``w ← w − η∇^∧F``), §5 (Geometric baseline).
+  """
+  _check_unknown("geometric", unknown, _COMMON + ("zeros",))
+  _choice("zeros", zeros, ZEROS)
+  return _fedsgd_type(
+      "geometric", aggregator=aggs.geometric_mean_aggregator(zeros), components=(),
+      batch_size=batch_size, weighting=weighting,
+      server=(server_optimizer, server_lr, weight_decay, b1, b2, eps),
+      extra_hp=dict(zeros=zeros))
+
+
+@register("fishr_inter_geo", paper="FedILC §3.2, Alg. 1 (Fishr+Inter-Geo)",
+          summary="weighted geometric mean of client gradients + lambda * grad Fishr "
+                  "(VJP protocol), server AdamW")
+def fishr_inter_geo(*, fishr_lambda: float = 15.0, server_optimizer: str = "adamw",
+                    server_lr: float = 3e-4, weight_decay: float = 0.01, b1: float = 0.9,
+                    b2: float = 0.999, eps: float = 1e-8, batch_size=None,
+                    zeros: str = "both", weighting: str = "num_examples",
+                    **unknown) -> Algorithm:
+  """Fishr+Inter-Geo: ``w ← server_opt(w, ∇^∧F + λ∇L_Fishr)`` (FedILC Alg. 1).
+
+  ``∇^∧F`` = weighted geometric mean of the FedSGD client gradients (as ``geometric``);
+  ``L_Fishr = (1/E) Σ_e ‖C_e − C̄‖²`` over the sampled clients, ``C_e`` the diagonal
+  per-example gradient variance of the final linear classifier on client ``e``'s full
+  data at ``w``; ``∇L_Fishr`` w.r.t. all parameters, computed by the message protocol of
+  ``fishr_component`` (clients send ``v_e``, the server returns ``v̄``, clients send their
+  VJP ``2(v_e − v̄)ᵀ∂v_e/∂θ``, the server averages). ``fishr_lambda=0`` gives
+  ``geometric`` exactly.
+
+  Args:
+    fishr_lambda: ``λ >= 0`` (FedILC §5.1.1: 15.0 for Color-MNIST).
+    others: as ``geometric``.
+
+  Raises:
+    ValueError: as ``geometric``; ``fishr_lambda`` negative or not finite.
+
+  Source: FedILC §3.2, Alg. 1.
+  """
+  _check_unknown("fishr_inter_geo", unknown, _COMMON + ("zeros", "fishr_lambda"))
+  _choice("zeros", zeros, ZEROS)
+  return _fedsgd_type(
+      "fishr_inter_geo", aggregator=aggs.geometric_mean_aggregator(zeros),
+      components=(fishr_component(fishr_lambda),), batch_size=batch_size,
+      weighting=weighting, server=(server_optimizer, server_lr, weight_decay, b1, b2, eps),
+      extra_hp=dict(zeros=zeros, fishr_lambda=float(fishr_lambda)))
+
+
+@register("fishr_intra_geo", paper="FedILC §3.3, Alg. 2 (Fishr+Intra-Geo)",
+          summary="client gradient = weighted geometric mean of per-example (or "
+                  "mini-batch) gradients, arithmetic mean across clients + lambda * grad "
+                  "Fishr, server AdamW")
+def fishr_intra_geo(*, fishr_lambda: float = 15.0, intra_groups=None, intra_chunk: int = 64,
+                    server_optimizer: str = "adamw", server_lr: float = 3e-4,
+                    weight_decay: float = 0.01, b1: float = 0.9, b2: float = 0.999,
+                    eps: float = 1e-8, batch_size=None, zeros: str = "both",
+                    weighting: str = "num_examples", **unknown) -> Algorithm:
+  """Fishr+Intra-Geo: ``w ← server_opt(w, mean_e ∇^∧F_e + λ∇L_Fishr)`` (FedILC Alg. 2).
+
+  Client ``e`` sends ``∇^∧F_e``, the weighted geometric mean of its per-example gradients
+  (each example an environment) — or, with ``intra_groups=m``, of the gradients of ``m``
+  contiguous mini-batches of its batch (FedILC §5's scalable solution); see
+  ``intra_geo_component``. The server averages them arithmetically (weighted by client
+  size with ``weighting='num_examples'``, the FedSGD convention; ``'uniform'`` for Alg. 2's
+  plain mean) and adds ``λ∇L_Fishr`` (``fishr_component``).
+
+  Args:
+    fishr_lambda: ``λ >= 0``.
+    intra_groups: None (per example, Alg. 2) or ``m >= 1`` groups.
+    intra_chunk: examples per vectorized chunk of per-example gradients (memory knob; the
+      result does not depend on it).
+    others: as ``geometric``.
+
+  Raises:
+    ValueError: as ``geometric``; bad ``fishr_lambda``, ``intra_groups``, ``intra_chunk``.
+
+  Source: FedILC §3.3, Alg. 2; §5 (mini-batch geometric mean).
+  """
+  _check_unknown("fishr_intra_geo", unknown,
+                 _COMMON + ("zeros", "fishr_lambda", "intra_groups", "intra_chunk"))
+  comp = intra_geo_component(intra_groups, intra_chunk, zeros)
+  return _fedsgd_type(
+      "fishr_intra_geo", aggregator=aggs.weighted_mean(),
+      components=(comp, fishr_component(fishr_lambda)), batch_size=batch_size,
+      weighting=weighting, server=(server_optimizer, server_lr, weight_decay, b1, b2, eps),
+      extra_hp=dict(zeros=zeros, fishr_lambda=float(fishr_lambda),
+                    intra_groups=intra_groups, intra_chunk=int(intra_chunk)))
+
+
+@register("fishr_intra_arith", paper="FedILC §5 (Fishr+Intra-Arith baseline)",
+          summary="FedSGD (arithmetic mean of client gradients) + lambda * grad Fishr, "
+                  "server AdamW")
+def fishr_intra_arith(*, fishr_lambda: float = 15.0, server_optimizer: str = "adamw",
+                      server_lr: float = 3e-4, weight_decay: float = 0.01, b1: float = 0.9,
+                      b2: float = 0.999, eps: float = 1e-8, batch_size=None,
+                      weighting: str = "num_examples", **unknown) -> Algorithm:
+  """Fishr+Intra-Arith: ``w ← server_opt(w, Σ_e n_e g_e / Σ n_e + λ∇L_Fishr)``.
+
+  The arithmetic-mean comparison of FedILC §5: the client gradient is its examples'
+  arithmetic mean gradient (FedSGD), client gradients are averaged weighted by client size
+  (``weighting``), plus the Fishr term of ``fishr_component``.
+
+  Raises:
+    ValueError: as ``fishr_inter_geo``.
+
+  Source: FedILC §5 (baselines), Alg. 2 with arithmetic instead of geometric means.
+  """
+  _check_unknown("fishr_intra_arith", unknown, _COMMON + ("fishr_lambda",))
+  return _fedsgd_type(
+      "fishr_intra_arith", aggregator=aggs.weighted_mean(),
+      components=(fishr_component(fishr_lambda),), batch_size=batch_size,
+      weighting=weighting, server=(server_optimizer, server_lr, weight_decay, b1, b2, eps),
+      extra_hp=dict(fishr_lambda=float(fishr_lambda)))
+
+
+@register("fedcurv", paper="Shoham et al. 2019 (FedCurv); FedILC §5 baseline",
+          summary="local training + lambda * sum_{j!=i} F_j (theta - theta_j)^2 from pool "
+                  "sums of diagonal Fishers, server AdamW")
+def fedcurv(*, curv_lambda: float = 1.0, client_optimizer: str = "sgd",
+            client_lr: float = 1.0, local_steps: int = 1, batch_size=None,
+            client_weight_decay: float = 0.0, fisher_chunk: int = 64,
+            server_optimizer: str = "adamw", server_lr: float = 3e-4,
+            weight_decay: float = 0.01, b1: float = 0.9, b2: float = 0.999,
+            eps: float = 1e-8, weighting: str = "num_examples", **unknown) -> Algorithm:
+  """FedCurv: clients minimize ``L_i(θ) + λ Σ_{j≠i} Σ_k F_{j,k}(θ_k − θ̂_{j,k})²``.
+
+  ``θ̂_j``, ``F_j``: the final local model and its empirical diagonal Fisher
+  (``diagonal_fisher``) that pool client ``j`` sent the last time it participated
+  (clients never sampled contribute nothing). Implemented with pool sums (see
+  ``fedcurv_component``). The pseudo-gradients ``w − θ̂_i`` are averaged (weighted by
+  client size with ``weighting='num_examples'``) and fed to the server optimizer.
+
+  Defaults put FedCurv on FedILC's footing (one full-batch ``sgd(1.0)`` step, i.e. FedSGD
+  plus the curvature term, server AdamW lr 3e-4 wd 0.01); Shoham et al.'s setting is
+  FedAvg-type local training (``local_steps > 1``, smaller ``client_lr``, server
+  ``'sgd'`` with ``server_lr=1``, ``weight_decay=0``).
+
+  Args:
+    curv_lambda: ``λ >= 0`` (not given by FedILC; 1.0 here).
+    client_optimizer, client_lr, local_steps, batch_size, client_weight_decay: local
+      training (``base.client_optimizer``: 'sgd' | 'momentum' | 'adam').
+    fisher_chunk: examples per vectorized chunk of per-example gradients (memory knob).
+    server_optimizer, server_lr, weight_decay, b1, b2, eps: see ``server_optimizer``.
+    weighting: 'num_examples' | 'uniform'.
+
+  Raises:
+    ValueError: any bad value (named, with the fix) or unknown keyword.
+
+  Source: Shoham et al. 2019 §3-4; FedILC §5 (baseline, server Adam §5.1).
+  """
+  _check_unknown("fedcurv", unknown,
+                 ("curv_lambda", "client_optimizer", "client_lr", "local_steps",
+                  "client_weight_decay", "fisher_chunk") + _COMMON)
+  local_steps = _pos_int("local_steps", local_steps)
+  batch_size = _pos_int("batch_size", batch_size, allow_none=True,
+                        none_means="the full client data")
+  cwd = _nonneg("client_weight_decay", client_weight_decay)
+  _positive("client_lr", client_lr)
+  _choice("weighting", weighting, WEIGHTINGS)
+  copt = base.client_optimizer(client_optimizer, client_lr, weight_decay=cwd)
+  comp = fedcurv_component(curv_lambda, fisher_chunk)
+  opt, hp = _server_hparams(server_optimizer, server_lr, weight_decay, b1, b2, eps)
+  hp = dict(curv_lambda=float(curv_lambda), client_optimizer=client_optimizer,
+            client_lr=float(client_lr), local_steps=local_steps, batch_size=batch_size,
+            client_weight_decay=cwd, fisher_chunk=int(fisher_chunk), weighting=weighting,
+            aggregator="mean", **hp)
+  return Algorithm(name="fedcurv", client_optimizer=copt, server_optimizer=opt,
+                   local_steps=local_steps, batch_size=batch_size,
+                   aggregator=aggs.weighted_mean(), weighting=weighting,
+                   components=(comp,), client_lr=float(client_lr), hparams=hp)
