@@ -19,13 +19,13 @@ def round_keys(key, rnd, num_clients, cohort):
 
 
 def batch_indices(client_key, local_steps, n, batch_size):
+  """The engine's documented minibatch draw: client key -> (train key, message key);
+  train key -> (batch key, loss key); batch key -> randint [K, B] over [0, n)."""
   k_train, _ = jax.random.split(client_key)
-  out = []
-  for k in jax.random.split(k_train, local_steps):
-    kb, _ = jax.random.split(k)
-    out.append(None if batch_size is None else
-               np.asarray(jax.random.randint(kb, (batch_size,), 0, n)))
-  return out
+  kb, _ = jax.random.split(k_train)
+  if batch_size is None:
+    return [None] * local_steps
+  return list(np.asarray(jax.random.randint(kb, (local_steps, batch_size), 0, n)))
 
 
 def loss_fn(model, kind, params, x, y, w):

@@ -37,6 +37,7 @@ from fedjax_inv.core.data import ClientData
 
 PyTree = Any
 STRATEGIES = ("auto", "vmap", "scan", "chunked")
+SCAN_UNROLL = 2  # clients per 'scan' loop iteration; see benchmarks/RESULTS.md
 
 
 @chex.dataclass
@@ -99,7 +100,7 @@ def client_mesh(num_devices: int | None = None) -> Mesh | None:
 
 
 def map_reduce(fn: Callable, xs: PyTree, strategy: str, chunk_size: int | None = None,
-               mesh: Mesh | None = None):
+               mesh: Mesh | None = None, unroll: int = 1):
   """Runs ``fn`` on every client of ``xs`` (pytree, leading client axis ``C``) and sums.
 
   Args:
@@ -109,6 +110,8 @@ def map_reduce(fn: Callable, xs: PyTree, strategy: str, chunk_size: int | None =
     strategy: 'vmap' | 'scan' | 'chunked' (already resolved).
     chunk_size: clients per chunk for 'chunked' (rounded down to a divisor of ``C``).
     mesh: optional ``clients`` mesh; under 'vmap'/'chunked' the client axis is sharded.
+    unroll: clients per iteration of the 'scan' loop (``lax.scan(unroll=...)``): lets
+      XLA overlap independent clients' work across CPU cores.
 
   Returns:
     ``(stats summed over the C clients, outs stacked [C, ...])``.
@@ -139,7 +142,7 @@ def map_reduce(fn: Callable, xs: PyTree, strategy: str, chunk_size: int | None =
     def body(carry, x):
       s, o = fn(x)
       return jax.tree.map(jnp.add, carry, s), o
-    return jax.lax.scan(body, zeros, xs)
+    return jax.lax.scan(body, zeros, xs, unroll=max(1, min(unroll, cohort)))
 
   if strategy == "chunked":
     k = _largest_divisor_at_most(cohort, chunk_size or cohort)
@@ -154,18 +157,21 @@ def map_reduce(fn: Callable, xs: PyTree, strategy: str, chunk_size: int | None =
   raise ValueError(f"strategy={strategy!r}; expected 'vmap', 'scan' or 'chunked'.")
 
 
-def sample_batch(x, y, n, key, batch_size: int | None) -> Batch:
-  """One client's minibatch, sampled on device.
+def batch_indices(key, n, local_steps: int, batch_size: int) -> jax.Array:
+  """``[local_steps, batch_size]`` int32 example indices, uniform over ``[0, n)`` with
+  replacement, drawn once per client per round (one key, one call)."""
+  return jax.random.randint(key, (local_steps, batch_size), 0, n)
 
-  ``x: [n_max, ...]``, ``y: [n_max]``, ``n``: int32 scalar true size. ``batch_size=None``:
-  the full client data with padding weights 0. Else ``batch_size`` indices uniform over
-  ``[0, n)`` with replacement (weights 1).
-  """
-  if batch_size is None:
-    w = (jnp.arange(x.shape[0]) < n).astype(jnp.float32)
-    return Batch(x=x, y=y, w=w)
-  idx = jax.random.randint(key, (batch_size,), 0, n)
-  return Batch(x=x[idx], y=y[idx], w=jnp.ones((batch_size,), jnp.float32))
+
+def full_batch(x, y, n) -> Batch:
+  """The client's whole padded data as one batch; padding gets weight 0."""
+  w = (jnp.arange(x.shape[0]) < n).astype(jnp.float32)
+  return Batch(x=x, y=y, w=w)
+
+
+# Per-client bytes up to which all K minibatches are gathered before the local-step scan
+# (one gather instead of K: measured ~1.5x faster rounds for the MNIST MLP on CPU).
+PREGATHER_BYTES = 16 * 2**20
 
 
 def default_forward(model, params, x, key=None) -> Forward:
@@ -199,6 +205,9 @@ def make_objective(model, kind: str, algorithm: Algorithm) -> Callable:
 def local_train(model, kind: str, algorithm: Algorithm, ctx: Context, x, y, n, key):
   """Runs ``local_steps`` client optimizer steps from ``ctx.params`` under ``lax.scan``.
 
+  ``x: [n_max, ...]``, ``y: [n_max]``, ``n``: true size. Minibatches: ``batch_size``
+  indices per step drawn with replacement from ``[0, n)`` by :func:`batch_indices` (all
+  steps at once), or the full client data when ``batch_size`` is None.
   Returns ``(final params, [K] per-step losses)``. Source: FedAvg (McMahan et al. 2017)
   ClientUpdate, with the components' gradient estimator / correction hooks.
   """
@@ -206,14 +215,16 @@ def local_train(model, kind: str, algorithm: Algorithm, ctx: Context, x, y, n, k
   est = next((c for c in algorithm.components if c.grad_estimator is not None), None)
   corrections = [c for c in algorithm.components if c.correct_grad is not None]
   opt = algorithm.client_optimizer
+  K, B = algorithm.local_steps, algorithm.batch_size
+  k_batch, k_loss = jax.random.split(key)
+  loss_keys = jax.random.split(k_loss, K)
 
   def value_and_grad(params, batch, k):
     return jax.value_and_grad(objective)(params, batch, ctx, k)
 
-  def step(carry, k):
+  def step(carry, inp):
     params, opt_state = carry
-    kb, kl = jax.random.split(k)
-    batch = sample_batch(x, y, n, kb, algorithm.batch_size)
+    batch, kl = inp
     if est is not None:
       loss, grads = est.grad_estimator(value_and_grad, params, batch, ctx, kl)
     else:
@@ -223,15 +234,30 @@ def local_train(model, kind: str, algorithm: Algorithm, ctx: Context, x, y, n, k
     updates, opt_state = opt.update(grads, opt_state, params)
     return (optax.apply_updates(params, updates), opt_state), loss
 
-  keys = jax.random.split(key, algorithm.local_steps)
-  (params, _), step_losses = jax.lax.scan(step, (ctx.params, opt.init(ctx.params)), keys)
+  if B is None:
+    fb = full_batch(x, y, n)
+    inner = lambda carry, kl: step(carry, (fb, kl))  # noqa: E731
+    xs = loss_keys
+  else:
+    idx = batch_indices(k_batch, n, K, B)
+    per_example = x.dtype.itemsize * math.prod(x.shape[1:])
+    if K * B * per_example <= PREGATHER_BYTES:
+      ones = jnp.ones((K, B), jnp.float32)
+      xs = (Batch(x=x[idx], y=y[idx], w=ones), loss_keys)
+      inner = step
+    else:
+      def inner(carry, inp):
+        i, kl = inp
+        return step(carry, (Batch(x=x[i], y=y[i], w=jnp.ones((B,), jnp.float32)), kl))
+      xs = (idx, loss_keys)
+  (params, _), step_losses = jax.lax.scan(inner, (ctx.params, opt.init(ctx.params)), xs)
   return params, step_losses
 
 
 def build_round(model, kind: str, algorithm: Algorithm, num_clients: int,
                 clients_per_round: int, execution: str = "auto",
                 chunk_size: int | None = None, mesh: Mesh | None = None,
-                jit: bool = True) -> Callable:
+                jit: bool = True, unroll: int | None = None) -> Callable:
   """Builds one federated round as a single (jitted) function.
 
   Args:
@@ -243,6 +269,7 @@ def build_round(model, kind: str, algorithm: Algorithm, num_clients: int,
     execution: 'auto' | 'vmap' | 'scan' | 'chunked'.
     chunk_size: clients per chunk for 'chunked' (default: ``min(C, 64)``).
     mesh: a ``clients`` mesh (``client_mesh()``) to shard the client axis, or None.
+    unroll: clients per loop iteration under 'scan' (default ``SCAN_UNROLL``).
 
   Returns:
     ``round_fn(server: ServerState, client_states: dict, data: ClientData, key) ->
@@ -258,6 +285,7 @@ def build_round(model, kind: str, algorithm: Algorithm, num_clients: int,
                      f"(the pool has {num_clients} clients).")
   strategy = resolve_strategy(execution, clients_per_round)
   chunk = chunk_size or min(clients_per_round, 64)
+  unroll = SCAN_UNROLL if unroll is None else int(unroll)
   comps = algorithm.components
   pre_comps = [c for c in comps if c.pre_message is not None]
   msg_comps = [c for c in comps if c.message is not None]
@@ -297,7 +325,7 @@ def build_round(model, kind: str, algorithm: Algorithm, num_clients: int,
         return stats, None
 
       pre_sums, _ = map_reduce(pre_client, (cx, cy, cn, cstates, ckeys), strategy,
-                               chunk, mesh)
+                               chunk, mesh, unroll)
       for c in pre_comps:
         agg = (c.pre_aggregator or mean_agg).finalize(pre_sums[c.name])
         extras[c.name] = c.pre_update(extras.get(c.name), agg, ctx0)
@@ -323,7 +351,7 @@ def build_round(model, kind: str, algorithm: Algorithm, num_clients: int,
       return stats, new_cs
 
     sums, new_cstates = map_reduce(client, (cx, cy, cn, cstates, ckeys), strategy,
-                                   chunk, mesh)
+                                   chunk, mesh, unroll)
     pseudo_grad = algorithm.aggregator.finalize(sums["__main__"])
     for c in upd_comps:
       agg = (c.aggregator or mean_agg).finalize(sums[c.name]) if c.message else None

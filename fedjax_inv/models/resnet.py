@@ -51,6 +51,7 @@ __all__ = [
     "resnet18",
     "resnet50",
     "save_params",
+    "with_pretrained",
 ]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -374,3 +375,33 @@ def load_pretrained(params: Any, path: str | os.PathLike, *, prefix: str = "",
   new = {k: (jnp.asarray(file_arrays[k], jnp.asarray(v).dtype) if k in wanted
              and k in file_arrays else v) for k, v in flat.items()}
   return _unflatten_like(params, new)
+
+
+class _PretrainedModel(FunctionalModel):
+  """A ``FunctionalModel`` whose ``init(seed)`` puts user-supplied weights into the fresh
+  parameters (see :func:`with_pretrained`)."""
+
+  def init(self, seed):  # pylint: disable=missing-function-docstring
+    params = FunctionalModel.init(self, seed)
+    path, prefix, strict = self._pretrained
+    return load_pretrained(params, path, prefix=prefix, strict=strict)
+
+
+def with_pretrained(model: FunctionalModel, path: str | os.PathLike, *,
+                    prefix: str = "featurizer", strict: bool = True) -> FunctionalModel:
+  """``model`` whose ``init(seed)`` loads the ``.npz`` at ``path`` (see
+  :func:`load_pretrained`) over the freshly initialized parameters — by default only the
+  featurizer, so the classifier starts fresh (FedSR §5 / FedIIR §5 fine-tune a backbone).
+
+  The file is checked here (keys and shapes), before anything compiles. Note that a
+  ``model_transform`` that rebuilds the model from ``model.factory`` (e.g. FedSR's
+  probabilistic head) does not keep the pretrained weights.
+
+  Raises:
+    FileNotFoundError: no file at ``path``.
+    ValueError: the file does not fit the model (see :func:`load_pretrained`).
+  """
+  load_pretrained(FunctionalModel.init(model, 0), path, prefix=prefix, strict=strict)
+  new = _PretrainedModel(model.factory, model.graphdef, model.template, model.feature_dim)
+  object.__setattr__(new, "_pretrained", (str(path), prefix, strict))
+  return new

@@ -1,0 +1,1046 @@
+"""``fedjax-inv bench``: throughput of one federated round, side by side.
+
+For each configuration (workload × cohort size ``C``), in one process and one at a time,
+the harness times:
+
+* ``loop`` — the baseline (ratio 1.00): FedJAX's "jit backend" design (FedJAX
+  ``for_each_client``): the single-client update is jit-compiled once and a Python loop
+  runs it client after client, accumulating the aggregator's sums on device
+  (:func:`build_loop_round`; same protocol, same randomness, same numbers as the engine);
+* this engine (``core.engine.build_round``) under each execution strategy: ``auto``,
+  ``vmap``, ``scan``, ``chunked`` and ``sharded`` (``vmap`` over a ``clients`` mesh, only
+  when several devices exist);
+* optionally the peers (``--peers``): FedJAX 0.0.17, DrJAX and PyTorch in their own
+  environment (``benchmarks/peers/``), merged by workload and ``C``.
+
+Reported per row: steady-state round time (median after warm-up, min–max), client
+updates per second (``C / median``), compile time, ``ratio_vs_loop`` (loop median / row
+median: > 1 is faster than the loop), FLOPs per round (counted from the round's jaxpr with
+loop trip counts, :func:`count_flops`; XLA's ``cost_analysis()`` counts a loop body once,
+so it is reported separately for one local step × ``K`` × ``C``), achieved FLOP/s against
+the machine's measured f32 matmul peak (:func:`measure_matmul_peak`), and memory: the
+analytic estimate (``core.memory``), XLA's ``memory_analysis()`` of the compiled round and
+the process's peak-RSS increase while the round ran.
+
+Workloads (synthetic data of MNIST shape ``[C, 64, 28, 28, 1]``, 10 classes, labels
+uniform: throughput does not depend on the pixel values):
+  * ``mlp_fedavg``: FedAvg, MLP 784-128-10, 64 examples per client, 5 local SGD steps of
+    batch 32 (FedAvg, McMahan et al. 2017, Alg. 1);
+  * ``cnn_fedavg``: the same with the RotatedMNIST ConvNet stand-in ``models.cnn(1)``;
+  * ``mlp_<alg>`` for the heavy algorithms ``fishr_inter_geo``, ``fishr_intra_geo``
+    (FedILC Alg. 1/2), ``fediir`` (FedIIR Alg. 1), ``fedsr`` (FedSR §3) when the
+    registry knows them.
+
+All timings use ``time.perf_counter`` around a call followed by ``jax.block_until_ready``.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import gc
+import json
+import math
+import os
+import pathlib
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any, Callable
+
+HEAVY_ALGORITHMS = ("fishr_inter_geo", "fishr_intra_geo", "fediir", "fedsr")
+ENGINE_IMPLS = ("auto", "vmap", "scan", "chunked", "sharded")
+IMPLS = ("loop",) + ENGINE_IMPLS
+CLIENT_COUNTS = (10, 100, 1000, 10000)
+EXAMPLES_PER_CLIENT = 64
+FEATURE_SHAPE = (28, 28, 1)
+NUM_CLASSES = 10
+LOCAL = dict(client_lr=0.1, local_steps=5, batch_size=32)
+REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
+PEERS_DIR = REPO_ROOT / "benchmarks" / "peers"
+
+
+# ---------------------------------------------------------------------------------------
+# Workloads
+# ---------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+  """One benchmark workload: a model, an algorithm and MNIST-shaped synthetic clients.
+
+  Attributes:
+    name: row label, e.g. ``'mlp_fedavg'``.
+    model: ``'mlp'`` (784-128-10) or ``'cnn'`` (``models.cnn(1)``, 32-64-64 channels).
+    algorithm: registry name (``fedjax_inv.algorithms``).
+    hparams: keyword arguments for ``make_algorithm`` (local steps, batch size, lr).
+  """
+  name: str
+  model: str
+  algorithm: str
+  hparams: tuple = tuple(sorted(LOCAL.items()))
+
+  def make_model(self):
+    from fedjax_inv import models
+    if self.model == "mlp":
+      return models.mlp(784, (128,), NUM_CLASSES)
+    if self.model == "cnn":
+      return models.cnn(1, num_outputs=NUM_CLASSES)
+    raise ValueError(f"model={self.model!r}; expected 'mlp' or 'cnn'.")
+
+  def make_algorithm(self):
+    """The algorithm with the workload's local recipe; falls back to the factory's own
+    defaults (returned note says so) when it fixes some of them."""
+    from fedjax_inv.algorithms import make_algorithm
+    try:
+      return make_algorithm(self.algorithm, **dict(self.hparams)), ""
+    except ValueError as e:
+      return make_algorithm(self.algorithm), f"factory defaults used ({e})"
+
+
+def workloads(names: list[str]) -> list[Workload]:
+  """``Workload`` objects for ``names`` ('mlp', 'cnn', 'heavy' or 'mlp_<algorithm>')."""
+  out = []
+  for n in names:
+    if n in ("mlp", "mlp_fedavg"):
+      out.append(Workload("mlp_fedavg", "mlp", "fedavg"))
+    elif n in ("cnn", "cnn_fedavg"):
+      out.append(Workload("cnn_fedavg", "cnn", "fedavg"))
+    elif n == "heavy":
+      out += [Workload(f"mlp_{a}", "mlp", a) for a in HEAVY_ALGORITHMS]
+    elif n.startswith("mlp_") or n.startswith("cnn_"):
+      model, alg = n.split("_", 1)
+      out.append(Workload(n, model, alg))
+    else:
+      raise ValueError(f"--workloads {n!r}: use mlp, cnn, heavy, or mlp_<algorithm> / "
+                       "cnn_<algorithm> with a registered algorithm name.")
+  return out
+
+
+def synthetic_pool(num_clients: int, n_per_client: int = EXAMPLES_PER_CLIENT,
+                   feature_shape=FEATURE_SHAPE, num_classes: int = NUM_CLASSES,
+                   seed: int = 0):
+  """A device-resident pool of MNIST-shaped synthetic clients.
+
+  Returns ``ClientData`` with ``x: [N, n, *feature_shape]`` float32 uniform in [0, 1),
+  ``y: [N, n]`` int32 uniform in ``[0, num_classes)``, ``n: [N]`` all equal to
+  ``n_per_client`` (generated on device, no host copy).
+
+  Raises:
+    ValueError: a non-positive size.
+  """
+  import jax
+  import jax.numpy as jnp
+  from fedjax_inv.core.data import ClientData
+  if num_clients < 1 or n_per_client < 1 or num_classes < 2:
+    raise ValueError(f"synthetic_pool: num_clients={num_clients}, n_per_client="
+                     f"{n_per_client}, num_classes={num_classes}; use positive sizes and "
+                     ">= 2 classes.")
+
+  @jax.jit
+  def make(key):
+    kx, ky = jax.random.split(key)
+    x = jax.random.uniform(kx, (num_clients, n_per_client) + tuple(feature_shape))
+    y = jax.random.randint(ky, (num_clients, n_per_client), 0, num_classes)
+    return x, y
+
+  x, y = make(jax.random.key(seed))
+  return ClientData(x=x, y=y, n=jnp.full((num_clients,), n_per_client, jnp.int32))
+
+
+# ---------------------------------------------------------------------------------------
+# The baseline: a Python loop over a jitted single-client update
+# ---------------------------------------------------------------------------------------
+
+
+class LoopRound:
+  """A round as a Python loop over clients of a jit-compiled single-client update.
+
+  FedJAX's jit backend design (``fedjax.for_each_client``): one compiled client update,
+  called once per sampled client; the aggregator's sums (``Aggregator.lift``) are
+  accumulated on device by the same compiled call, then one compiled server step
+  finalizes them. Sampling, per-client keys, the pre-stage, messages, per-client state
+  and the server update follow ``core.engine.build_round`` exactly (message protocol in
+  ``core/algorithm.py``), so ``LoopRound`` returns the engine's numbers up to float32
+  summation order (tested in ``tests/test_bench.py``).
+
+  Call ``compile(server, client_states, data, key)`` once (returns seconds spent
+  compiling), then ``round(server, client_states, data, key) -> (server, client_states,
+  metrics)`` like the engine's ``round_fn``. ``client_states`` is donated.
+  """
+
+  def __init__(self, model, kind: str, algorithm, num_clients: int, clients_per_round: int):
+    from fedjax_inv.core import losses
+    losses.check_kind(kind)
+    if not 1 <= clients_per_round <= num_clients:
+      raise ValueError(f"clients_per_round={clients_per_round} must be in "
+                       f"[1, {num_clients}] (the pool has {num_clients} clients).")
+    self.model, self.kind, self.algorithm = model, kind, algorithm
+    self.num_clients, self.cohort = int(num_clients), int(clients_per_round)
+    self.strategy = "loop"
+    self._compiled = None
+    self._build()
+
+  def _build(self):
+    import jax
+    import jax.numpy as jnp
+    import optax
+    from fedjax_inv.aggregators import weighted_mean
+    from fedjax_inv.core import engine
+    from fedjax_inv.core.algorithm import Context
+
+    model, kind, alg = self.model, self.kind, self.algorithm
+    N, C = self.num_clients, self.cohort
+    mean_agg = weighted_mean()
+    pre_comps = [c for c in alg.components if c.pre_message is not None]
+    msg_comps = [c for c in alg.components if c.message is not None]
+    upd_comps = [c for c in alg.components if c.server_update is not None]
+    self.has_pre = bool(pre_comps)
+
+    def weight_of(n):
+      if alg.weighting == "uniform":
+        return jnp.ones((), jnp.float32)
+      return n.astype(jnp.float32)
+
+    def base_ctx(server):
+      return dict(params=server.params, round=server.round,
+                  num_clients=jnp.float32(N), cohort=jnp.float32(C))
+
+    def sample(server, key):
+      k_sample, k_clients = jax.random.split(jax.random.fold_in(key, server.round))
+      idx = jax.random.choice(k_sample, N, (C,), replace=False)
+      ckeys = jax.vmap(lambda i: jax.random.fold_in(k_clients, i))(idx)
+      return idx, ckeys
+
+    def one_client(pool_cs, data, idx, ckeys, j):
+      i = idx[j]
+      cs = jax.tree.map(lambda a: a[i], pool_cs)
+      return i, data.x[i], data.y[i], data.n[i], cs, ckeys[j]
+
+    def pre_stats(server, pool_cs, data, idx, ckeys, j):
+      _, x, y, n, cs, k = one_client(pool_cs, data, idx, ckeys, j)
+      ctx = Context(extras=dict(server.extras), client=cs, **base_ctx(server))
+      w = weight_of(n)
+      return {c.name: (c.pre_aggregator or mean_agg).lift(
+          c.pre_message(model, kind, server.params, (x, y, n), ctx,
+                        jax.random.fold_in(k, 1)), w) for c in pre_comps}
+
+    def pre_acc(acc, server, pool_cs, data, idx, ckeys, j):
+      return jax.tree.map(jnp.add, acc, pre_stats(server, pool_cs, data, idx, ckeys, j))
+
+    def pre_finish(server, sums):
+      extras = dict(server.extras)
+      ctx0 = Context(extras=extras, client={}, **base_ctx(server))
+      for c in pre_comps:
+        agg = (c.pre_aggregator or mean_agg).finalize(sums[c.name])
+        extras[c.name] = c.pre_update(extras.get(c.name), agg, ctx0)
+      return extras
+
+    def client_stats(pool_cs, server, extras, data, idx, ckeys, j):
+      i, x, y, n, cs, k = one_client(pool_cs, data, idx, ckeys, j)
+      ctx = Context(extras=extras, client=cs, **base_ctx(server))
+      k_train, k_msg = jax.random.split(k)
+      params, step_losses = engine.local_train(model, kind, alg, ctx, x, y, n, k_train)
+      delta = jax.tree.map(jnp.subtract, server.params, params)
+      w = weight_of(n)
+      stats = {"__main__": alg.aggregator.lift(delta, w),
+               "__loss__": (w * jnp.mean(step_losses), w)}
+      new_cs = dict(cs)
+      for c in msg_comps:
+        msg, ncs = c.message(model, kind, server.params, params, (x, y, n), ctx, k_msg,
+                             alg.local_steps, alg.client_lr)
+        stats[c.name] = (c.aggregator or mean_agg).lift(msg, w)
+        if c.name in cs:
+          new_cs[c.name] = ncs
+      return i, stats, new_cs
+
+    def client_acc(acc, pool_cs, server, extras, data, idx, ckeys, j):
+      # Sampling is without replacement, so writing client i's new state right away
+      # equals the engine's gather-all / scatter-all.
+      i, stats, new_cs = client_stats(pool_cs, server, extras, data, idx, ckeys, j)
+      pool_cs = jax.tree.map(lambda pool, new: pool.at[i].set(new), pool_cs, new_cs)
+      return jax.tree.map(jnp.add, acc, stats), pool_cs
+
+    def finish(server, extras, sums):
+      extras = dict(extras)
+      ctx_b = Context(extras=extras, client={}, **base_ctx(server))
+      pseudo_grad = alg.aggregator.finalize(sums["__main__"])
+      for c in upd_comps:
+        agg = (c.aggregator or mean_agg).finalize(sums[c.name]) if c.message else None
+        extras[c.name], pseudo_grad = c.server_update(extras.get(c.name), agg, pseudo_grad,
+                                                      ctx_b)
+      updates, opt_state = alg.server_optimizer.update(pseudo_grad, server.opt_state,
+                                                       server.params)
+      new_server = engine.ServerState(params=optax.apply_updates(server.params, updates),
+                                      opt_state=opt_state, round=server.round + 1,
+                                      extras=extras)
+      loss_sum, wsum = sums["__loss__"]
+      return new_server, {"train_loss": loss_sum / wsum}
+
+    self._fns = dict(sample=sample, pre_stats=pre_stats, pre_acc=pre_acc, pre_finish=pre_finish,
+                     client_stats=client_stats, client_acc=client_acc, finish=finish)
+
+  def _zeros(self, fn, *args):
+    import jax
+    import jax.numpy as jnp
+    shapes = jax.eval_shape(fn, *args)
+    return jax.jit(lambda: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes))
+
+  def compile(self, server, client_states, data, key) -> float:
+    """AOT-compiles every piece for these argument shapes; returns compile seconds."""
+    import jax
+    import numpy as np
+    f = self._fns
+    j0 = np.int32(0)
+    t0 = time.perf_counter()
+    c = {}
+    c["sample"] = jax.jit(f["sample"]).lower(server, key).compile()
+    idx, ckeys = jax.eval_shape(f["sample"], server, key)
+    extras = server.extras
+    if self.has_pre:
+      zeros_pre = self._zeros(f["pre_stats"], server, client_states, data, idx, ckeys, j0)
+      c["pre_zeros"] = zeros_pre
+      zp = jax.eval_shape(zeros_pre)
+      c["pre_acc"] = jax.jit(f["pre_acc"], donate_argnums=(0,)).lower(
+          zp, server, client_states, data, idx, ckeys, j0).compile()
+      c["pre_finish"] = jax.jit(f["pre_finish"]).lower(server, zp).compile()
+      extras = jax.eval_shape(f["pre_finish"], server, zp)
+    stats_fn = lambda *a: f["client_stats"](*a)[1]  # noqa: E731
+    zeros = self._zeros(stats_fn, client_states, server, extras, data, idx, ckeys, j0)
+    c["zeros"] = zeros
+    z = jax.eval_shape(zeros)
+    c["client_acc"] = jax.jit(f["client_acc"], donate_argnums=(0, 1)).lower(
+        z, client_states, server, extras, data, idx, ckeys, j0).compile()
+    c["finish"] = jax.jit(f["finish"]).lower(server, extras, z).compile()
+    seconds = time.perf_counter() - t0
+    self._compiled = c
+    return seconds
+
+  def flop_parts(self, server, client_states, data, key):
+    """FLOPs of one round from the jaxprs of its pieces (:func:`count_flops`)."""
+    import jax
+    import numpy as np
+    f = self._fns
+    j0 = np.int32(0)
+    idx, ckeys = jax.eval_shape(f["sample"], server, key)
+    total = count_flops(f["sample"], server, key)
+    extras = server.extras
+    if self.has_pre:
+      zp = jax.eval_shape(self._compiled["pre_zeros"])
+      total += self.cohort * count_flops(f["pre_acc"], zp, server, client_states, data,
+                                         idx, ckeys, j0)
+      total += count_flops(f["pre_finish"], server, zp)
+      extras = jax.eval_shape(f["pre_finish"], server, zp)
+    z = jax.eval_shape(self._compiled["zeros"])
+    total += self.cohort * count_flops(f["client_acc"], z, client_states, server, extras,
+                                       data, idx, ckeys, j0)
+    total += count_flops(f["finish"], server, extras, z)
+    return total
+
+  def client_memory(self):
+    """XLA's ``memory_analysis()`` of the compiled single-client update."""
+    return self._compiled["client_acc"].memory_analysis()
+
+  def __call__(self, server, client_states, data, key):
+    import numpy as np
+    if self._compiled is None:
+      self.compile(server, client_states, data, key)
+    c = self._compiled
+    idx, ckeys = c["sample"](server, key)
+    extras = server.extras
+    if self.has_pre:
+      acc = c["pre_zeros"]()
+      for j in range(self.cohort):
+        acc = c["pre_acc"](acc, server, client_states, data, idx, ckeys, np.int32(j))
+      extras = c["pre_finish"](server, acc)
+    acc = c["zeros"]()
+    for j in range(self.cohort):
+      acc, client_states = c["client_acc"](acc, client_states, server, extras, data, idx,
+                                           ckeys, np.int32(j))
+    server, metrics = c["finish"](server, extras, acc)
+    metrics["clients"] = idx
+    return server, client_states, metrics
+
+
+def build_loop_round(model, kind: str, algorithm, num_clients: int,
+                     clients_per_round: int) -> LoopRound:
+  """The baseline round (see :class:`LoopRound`).
+
+  Raises:
+    ValueError: bad loss kind or cohort size (before any compile).
+  """
+  return LoopRound(model, kind, algorithm, num_clients, clients_per_round)
+
+
+# ---------------------------------------------------------------------------------------
+# Measurement helpers
+# ---------------------------------------------------------------------------------------
+
+_ELEMENTWISE = frozenset((
+    "add", "sub", "mul", "div", "max", "min", "neg", "exp", "exp2", "log", "log1p",
+    "tanh", "logistic", "sqrt", "rsqrt", "pow", "integer_pow", "abs", "sign", "square",
+    "expm1", "erf", "sin", "cos", "select_n", "clamp", "add_any", "rem", "atan2"))
+_REDUCTIONS = frozenset(("reduce_sum", "reduce_max", "reduce_min", "argmax", "argmin",
+                         "cumsum", "reduce_prod"))
+
+
+def _size(v) -> int:
+  shape = getattr(getattr(v, "aval", None), "shape", None)
+  return math.prod(shape) if shape is not None else 0
+
+
+def _sub_jaxprs(eqn):
+  out = []
+  for v in eqn.params.values():
+    for item in (v if isinstance(v, (tuple, list)) else (v,)):
+      if hasattr(item, "eqns"):
+        out.append(item)
+      elif hasattr(getattr(item, "jaxpr", None), "eqns"):
+        out.append(item.jaxpr)
+  return out
+
+
+def _jaxpr_flops(jaxpr) -> float:
+  total = 0.0
+  for eqn in jaxpr.eqns:
+    name = eqn.primitive.name
+    if name == "dot_general":
+      (lc, _), _ = eqn.params["dimension_numbers"]
+      lhs = eqn.invars[0].aval.shape
+      total += 2.0 * _size(eqn.outvars[0]) * math.prod(lhs[d] for d in lc)
+    elif name == "conv_general_dilated":
+      rhs = eqn.invars[1].aval.shape
+      spec = eqn.params["dimension_numbers"].rhs_spec
+      total += 2.0 * _size(eqn.outvars[0]) * rhs[spec[1]] * math.prod(
+          rhs[d] for d in spec[2:])
+    elif name == "scan":
+      total += eqn.params["length"] * _jaxpr_flops(eqn.params["jaxpr"].jaxpr)
+    elif name == "cond":
+      total += max(_jaxpr_flops(b.jaxpr) for b in eqn.params["branches"])
+    elif name in _ELEMENTWISE:
+      total += sum(_size(v) for v in eqn.outvars)
+    elif name in _REDUCTIONS:
+      total += sum(_size(v) for v in eqn.invars)
+    else:
+      total += sum(_jaxpr_flops(s) for s in _sub_jaxprs(eqn))  # while: body once
+  return total
+
+
+def count_flops(fn: Callable, *args) -> float:
+  """Floating-point operations of ``fn(*args)``, counted from its jaxpr (no compile).
+
+  ``dot_general``: ``2·|out|·Π contracted dims``; ``conv_general_dilated``:
+  ``2·|out|·C_in/groups·Π kernel dims``; elementwise arithmetic: one per output element;
+  reductions: one per input element; ``scan`` bodies × ``length``; ``cond``: the
+  costliest branch; ``while`` bodies once (unknown trip count). Unlike XLA's
+  ``compiled.cost_analysis()['flops']``, which counts each loop body once, this makes
+  'scan', 'chunked' and 'vmap' rounds count the same work. ``args`` may be arrays or
+  ``jax.ShapeDtypeStruct``.
+
+  Returns:
+    float FLOPs of one call.
+  """
+  import jax
+  return _jaxpr_flops(jax.make_jaxpr(fn)(*args).jaxpr)
+
+
+def measure_matmul_peak(n: int = 2048, reps: int = 5) -> float:
+  """The machine's measured f32 matmul throughput in FLOP/s: best of ``reps`` timed
+  ``jnp.dot`` of two ``[n, n]`` float32 matrices (``2 n³`` FLOPs each), after one
+  compile-and-warm-up call.
+
+  Raises:
+    ValueError: ``n < 1`` or ``reps < 1``.
+  """
+  import jax
+  import jax.numpy as jnp
+  if n < 1 or reps < 1:
+    raise ValueError(f"measure_matmul_peak: n={n}, reps={reps}; both must be >= 1.")
+  a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
+  b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32)
+  dot = jax.jit(jnp.dot)
+  dot(a, b).block_until_ready()
+  best = float("inf")
+  for _ in range(reps):
+    t0 = time.perf_counter()
+    dot(a, b).block_until_ready()
+    best = min(best, time.perf_counter() - t0)
+  return 2.0 * n ** 3 / best
+
+
+def _proc_status(field: str) -> int | None:
+  try:
+    with open("/proc/self/status") as f:
+      for line in f:
+        if line.startswith(field + ":"):
+          return int(line.split()[1]) * 1024
+  except OSError:
+    return None
+  return None
+
+
+def rss_bytes() -> int | None:
+  """Current resident set size of this process (Linux ``VmRSS``), or None."""
+  return _proc_status("VmRSS")
+
+
+def reset_peak_rss() -> bool:
+  """Resets the process's peak RSS (``VmHWM``) via ``/proc/self/clear_refs``; False when
+  the OS does not allow it (then the peak is the process-lifetime peak)."""
+  try:
+    with open("/proc/self/clear_refs", "w") as f:
+      f.write("5")
+    return True
+  except OSError:
+    return False
+
+
+def peak_rss_bytes() -> int | None:
+  """Peak resident set size since the last :func:`reset_peak_rss` (``VmHWM``), else
+  ``ru_maxrss``."""
+  v = _proc_status("VmHWM")
+  if v is not None:
+    return v
+  try:
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+  except (ImportError, OSError):
+    return None
+
+
+def _timed_rounds(call: Callable, state, warmup: int, rounds: int, budget_s: float):
+  """Runs ``state = call(state)`` ``warmup`` times, then up to ``rounds`` timed calls
+  (at least 2, fewer than ``rounds`` when they would exceed ``budget_s``)."""
+  import jax
+  first = None
+  for _ in range(warmup):
+    t0 = time.perf_counter()
+    state = call(state)
+    jax.block_until_ready(state)
+    first = time.perf_counter() - t0
+  if first and rounds > 2:
+    rounds = max(2, min(rounds, int(budget_s / max(first, 1e-9))))
+  times = []
+  for _ in range(rounds):
+    t0 = time.perf_counter()
+    state = call(state)
+    jax.block_until_ready(state)
+    times.append(time.perf_counter() - t0)
+  return state, times
+
+
+def _mb(b) -> float | None:
+  return None if b is None else round(b / 2 ** 20, 1)
+
+
+def _xla_flops_local(model, kind, algorithm, data, server) -> float | None:
+  """``C``-independent part: XLA cost_analysis flops of ONE client's local training with
+  one local step (a loop body counted once = exactly one step), times ``K``."""
+  import jax
+  import jax.numpy as jnp
+  from fedjax_inv.core import engine
+  from fedjax_inv.core.algorithm import Context
+  alg1 = algorithm.replace(local_steps=1)
+  ctx = Context(params=server.params, round=server.round, extras=server.extras, client={},
+                num_clients=jnp.float32(1), cohort=jnp.float32(1))
+  if any(c.init_client is not None for c in algorithm.components):
+    return None
+
+  def one(x, y, n, key):
+    return engine.local_train(model, kind, alg1, ctx, x, y, n, key)[0]
+  try:
+    ca = jax.jit(one).lower(data.x[0], data.y[0], data.n[0], jax.random.key(0)).compile()
+    ca = ca.cost_analysis()
+    ca = ca[0] if isinstance(ca, (list, tuple)) else ca
+    return float(ca.get("flops", 0.0)) * algorithm.local_steps
+  except Exception:  # cost analysis is best effort
+    return None
+
+
+# ---------------------------------------------------------------------------------------
+# One configuration
+# ---------------------------------------------------------------------------------------
+
+
+def _row(workload: Workload, C: int, impl: str, **kw) -> dict:
+  row = dict(source="fedjax_inv", workload=workload.name, model=workload.model,
+             algorithm=workload.algorithm, clients=C, pool=C, impl=impl, strategy=None,
+             chunk_size=None, rounds_timed=0, round_s=None, round_s_min=None,
+             round_s_max=None, client_updates_per_s=None, compile_s=None,
+             ratio_vs_loop=None, gflop_per_round=None, gflops=None, pct_of_peak=None,
+             xla_gflop_per_round=None, mem_estimate_mb=None, xla_temp_mb=None,
+             xla_arg_mb=None, xla_out_mb=None, rss_peak_delta_mb=None, note="")
+  row.update(kw)
+  return row
+
+
+def run_config(workload: Workload, C: int, impls: list[str], *, warmup: int, rounds: int,
+               budget_s: float, peak_flops: float | None, chunk_size: int | None,
+               history: dict, max_impl_s: float, fraction: float = 0.8,
+               log=print) -> list[dict]:
+  """Times every implementation in ``impls`` on one workload with cohort ``C`` (pool
+  ``N = C``). Returns one row per implementation (skipped ones carry a ``note``).
+
+  ``history`` maps ``(workload, impl) -> (C, median round seconds)`` of earlier rows and is
+  used to skip an implementation whose predicted time (linear in ``C``) for the warm-up
+  and timed rounds exceeds ``max_impl_s``.
+  """
+  import jax
+  from fedjax_inv.core import engine, memory
+
+  model = workload.make_model()
+  algorithm, alg_note = workload.make_algorithm()
+  model = algorithm.model_for(model)
+  kind = "multiclass"
+  capacity = memory.device_memory_bytes()
+  pool_bytes = C * EXAMPLES_PER_CLIENT * (math.prod(FEATURE_SHAPE) + 1) * 4
+  if pool_bytes > 0.35 * capacity:
+    return [_row(workload, C, i, note=f"skipped: the pool alone is {_mb(pool_bytes)} MB "
+                 f"(> 35% of {_mb(capacity)} MB device memory)") for i in impls]
+  data = synthetic_pool(C)
+  params = model.init(0)
+  key = jax.random.key(0)
+  ndev = jax.device_count()
+  rows = []
+  flops_cache: dict = {}
+  xla_local = None
+
+  def predicted_too_slow(impl):
+    prev = history.get((workload.name, impl))
+    if not prev:
+      return None
+    c0, t0 = prev
+    pred = t0 * C / c0 * (warmup + min(rounds, 3))
+    if pred > max_impl_s:
+      return (f"skipped: predicted {pred:.0f} s for {warmup}+{min(rounds, 3)} rounds "
+              f"(from {t0:.3g} s/round at C={c0}) > --max-impl-s {max_impl_s:.0f}")
+    return None
+
+  resolved_auto = engine.resolve_strategy("auto", C)
+  order = [i for i in impls if i != "auto"]
+  if "auto" in impls and resolved_auto not in order:
+    order.append("auto")
+  measured: dict = {}
+  for impl in order:
+    if impl == "sharded" and ndev < 2:
+      rows.append(_row(workload, C, impl, note=f"skipped: {ndev} device (sharding needs "
+                       "several; try --host-devices 8 on CPU)"))
+      continue
+    slow = predicted_too_slow(impl)
+    if slow:
+      rows.append(_row(workload, C, impl, note=slow))
+      continue
+    strategy = {"loop": "loop", "auto": resolved_auto, "sharded": "vmap"}.get(impl, impl)
+    mesh = engine.client_mesh() if impl == "sharded" else None
+    nd = ndev if impl == "sharded" else 1
+    est = None
+    if strategy != "loop":
+      try:
+        est = memory.check_fits(model, algorithm, C, EXAMPLES_PER_CLIENT, FEATURE_SHAPE,
+                                strategy, chunk_size, num_devices=nd,
+                                capacity_bytes=capacity, fraction=fraction)
+      except memory.DoesNotFitError as e:
+        rows.append(_row(workload, C, impl, strategy=strategy,
+                         note=f"skipped (memory estimate): {e}"))
+        continue
+    log(f"  {workload.name:22s} C={C:<6d} {impl:8s} ...")
+    gc.collect()
+    server, cstates = engine.init_state(algorithm, params, C)
+    try:
+      if impl == "loop":
+        rf = build_loop_round(model, kind, algorithm, C, C)
+        compile_s = rf.compile(server, cstates, data, key)
+        call = lambda st, rf=rf: rf(st[0], st[1], data, key)[:2]  # noqa: E731
+        ma = rf.client_memory()
+        flops = rf.flop_parts(server, cstates, data, key)
+        chunk = None
+      else:
+        dat = data
+        if mesh is not None and C % ndev == 0:
+          from jax.sharding import NamedSharding, PartitionSpec as P
+          dat = jax.device_put(data, NamedSharding(mesh, P("clients")))
+        rf = engine.build_round(model, kind, algorithm, C, C, execution=strategy,
+                                chunk_size=chunk_size, mesh=mesh)
+        t0 = time.perf_counter()
+        compiled = rf.jitted.lower(server, cstates, dat, key).compile()
+        compile_s = time.perf_counter() - t0
+        call = lambda st, c=compiled, d=dat: c(st[0], st[1], d, key)[:2]  # noqa: E731
+        ma = compiled.memory_analysis()
+        if "engine" not in flops_cache:
+          flops_cache["engine"] = count_flops(rf.jitted, server, cstates, dat, key)
+        flops = flops_cache["engine"]
+        chunk = (engine._largest_divisor_at_most(C, chunk_size or min(C, 64))
+                 if strategy == "chunked" else None)
+      if xla_local is None:
+        xla_local = _xla_flops_local(model, kind, algorithm, data, server) or 0.0
+      rss0 = rss_bytes()
+      reset_peak_rss()
+      _, times = _timed_rounds(call, (server, cstates), warmup, rounds, budget_s)
+      peak = peak_rss_bytes()
+    except Exception as e:  # report and go on: one failing impl must not stop the bench
+      rows.append(_row(workload, C, impl, strategy=strategy,
+                       note=f"error: {type(e).__name__}: {str(e)[:300]}"))
+      continue
+    med = statistics.median(times)
+    history[(workload.name, impl)] = (C, med)
+    row = _row(
+        workload, C, impl, strategy=strategy, chunk_size=chunk, rounds_timed=len(times),
+        round_s=med, round_s_min=min(times), round_s_max=max(times),
+        client_updates_per_s=C / med, compile_s=compile_s,
+        gflop_per_round=flops / 1e9, gflops=flops / med / 1e9,
+        pct_of_peak=(100.0 * flops / med / peak_flops) if peak_flops else None,
+        xla_gflop_per_round=(xla_local * C / 1e9) if xla_local else None,
+        mem_estimate_mb=_mb(est),
+        xla_temp_mb=_mb(getattr(ma, "temp_size_in_bytes", None)),
+        xla_arg_mb=_mb(getattr(ma, "argument_size_in_bytes", None)),
+        xla_out_mb=_mb(getattr(ma, "output_size_in_bytes", None)),
+        rss_peak_delta_mb=_mb((peak - rss0) if (peak is not None and rss0) else None),
+        note=alg_note)
+    if impl == "loop":
+      row["note"] = ("jit(single-client update) + Python loop; memory columns are one "
+                     "client's" + (f"; {alg_note}" if alg_note else ""))
+    if impl == "sharded":
+      row["note"] = f"vmap over a {ndev}-device 'clients' mesh"
+    rows.append(row)
+    measured[strategy if impl != "auto" else "auto"] = row
+    del rf, call
+  if "auto" in impls and "auto" not in measured:
+    src = measured.get(resolved_auto)
+    if src is not None:
+      rows.append(dict(src, impl="auto", note=f"auto -> {resolved_auto}: the same "
+                       f"compiled round as the '{resolved_auto}' row"))
+    else:
+      rows.append(_row(workload, C, "auto", strategy=resolved_auto,
+                       note=f"auto -> {resolved_auto}, which was skipped"))
+  loop = next((r for r in rows if r["impl"] == "loop" and r["round_s"]), None)
+  for r in rows:
+    if loop and r["round_s"]:
+      r["ratio_vs_loop"] = loop["round_s"] / r["round_s"]
+  rank = {i: k for k, i in enumerate(IMPLS)}
+  rows.sort(key=lambda r: rank.get(r["impl"], 99))
+  del data
+  gc.collect()
+  return rows
+
+
+# ---------------------------------------------------------------------------------------
+# Peers, table, plot, summary
+# ---------------------------------------------------------------------------------------
+
+
+def run_peers(python: str, clients: list[int], warmup: int, rounds: int,
+              timeout_s: float, log=print) -> tuple[list[dict], list[str]]:
+  """Runs ``benchmarks/peers/bench_peers.py`` with the peers' interpreter; returns
+  ``(rows, notes)``. Never raises for a missing or failing peer: the notes say why."""
+  script = PEERS_DIR / "bench_peers.py"
+  if not script.is_file():
+    return [], [f"peers: {script} not found (run from a source checkout)."]
+  if not pathlib.Path(python).exists():
+    return [], [f"peers: interpreter {python} not found; run "
+                "`bash benchmarks/peers/setup.sh` first."]
+  cmd = [python, str(script), "--clients", ",".join(map(str, clients)), "--warmup",
+         str(warmup), "--rounds", str(rounds), "--json", "-"]
+  log("  peers: " + " ".join(cmd))
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  try:
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
+  except subprocess.TimeoutExpired:
+    return [], [f"peers: timed out after {timeout_s:.0f} s."]
+  if out.returncode != 0:
+    return [], [f"peers: exit {out.returncode}: {out.stderr.strip()[-800:]}"]
+  try:
+    payload = json.loads(out.stdout)
+  except json.JSONDecodeError as e:
+    return [], [f"peers: unreadable output ({e}): {out.stdout[-300:]}"]
+  return payload.get("rows", []), payload.get("notes", [])
+
+
+def merge_peers(rows: list[dict], peer_rows: list[dict]) -> list[dict]:
+  """Adds peer rows, with ``ratio_vs_loop`` against this package's loop row of the same
+  workload and ``C``."""
+  loops = {(r["workload"], r["clients"]): r for r in rows
+           if r["impl"] == "loop" and r.get("round_s")}
+  out = list(rows)
+  for p in peer_rows:
+    p = dict(p)
+    loop = loops.get((p.get("workload"), p.get("clients")))
+    if loop and p.get("round_s"):
+      p["ratio_vs_loop"] = loop["round_s"] / p["round_s"]
+    out.append(p)
+  return out
+
+
+def _fmt(v, spec="{:.3g}", none="-"):
+  return none if v is None else spec.format(v)
+
+
+def format_table(rows: list[dict]) -> str:
+  """A fixed-width text table of the rows (one line each, notes below)."""
+  head = (f"{'workload':22s} {'C':>6s} {'impl':18s} {'strategy':8s} {'round s (min-max)':>24s}"
+          f" {'upd/s':>8s} {'ratio':>6s} {'compile':>7s} {'GFLOP/s':>7s} {'%peak':>5s}"
+          f" {'est MB':>7s} {'XLA MB':>7s} {'RSSΔ MB':>7s}")
+  lines = [head, "-" * len(head)]
+  notes = []
+  for r in rows:
+    if r.get("round_s"):
+      t = f"{r['round_s']:.4g} ({r['round_s_min']:.3g}-{r['round_s_max']:.3g})"
+    else:
+      t = "skipped"
+    xla = (r.get("xla_temp_mb") or 0) + (r.get("xla_out_mb") or 0) \
+        if r.get("xla_temp_mb") is not None else None
+    lines.append(
+        f"{r['workload']:22s} {r['clients']:>6d} {r['impl'][:18]:18s} "
+        f"{str(r.get('strategy') or '-')[:8]:8s} {t:>24s} "
+        f"{_fmt(r.get('client_updates_per_s'), '{:.0f}'):>8s} "
+        f"{_fmt(r.get('ratio_vs_loop'), '{:.2f}'):>6s} "
+        f"{_fmt(r.get('compile_s'), '{:.1f}'):>7s} {_fmt(r.get('gflops'), '{:.1f}'):>7s} "
+        f"{_fmt(r.get('pct_of_peak'), '{:.1f}'):>5s} "
+        f"{_fmt(r.get('mem_estimate_mb'), '{:.0f}'):>7s} {_fmt(xla, '{:.0f}'):>7s} "
+        f"{_fmt(r.get('rss_peak_delta_mb'), '{:.0f}'):>7s}")
+    if r.get("note") and (not r.get("round_s") or r["impl"] in ("auto",)):
+      notes.append(f"  {r['workload']} C={r['clients']} {r['impl']}: {r['note']}")
+  return "\n".join(lines + (["", "notes:"] + notes if notes else []))
+
+
+def summarize(rows: list[dict]) -> dict:
+  """The issue's targets, computed from the rows (None where a row is missing):
+  ``auto_vs_loop_at_1000`` (target >= 1.7), ``auto_vs_loop_min`` over C (>= 1.0),
+  ``auto_vs_torch_loop`` per C (>= 3), ``fishr_inter_geo_vs_fedavg`` per C (<= 1.3)."""
+  def get(workload, impl, C):
+    return next((r for r in rows if r["workload"] == workload and r["impl"] == impl
+                 and r["clients"] == C and r.get("round_s")), None)
+  Cs = sorted({r["clients"] for r in rows})
+  auto = {C: get("mlp_fedavg", "auto", C) for C in Cs}
+  ratios = {C: r["ratio_vs_loop"] for C, r in auto.items() if r and r.get("ratio_vs_loop")}
+  torch = {}
+  for C in Cs:
+    t = next((r for r in rows if r["workload"] == "mlp_fedavg" and r["clients"] == C
+              and r.get("source") == "peer" and "torch" in r["impl"]
+              and "loop" in r["impl"] and r.get("round_s")), None)
+    if t and auto.get(C):
+      torch[C] = t["round_s"] / auto[C]["round_s"]
+  fishr = {}
+  for C in Cs:
+    f, a = get("mlp_fishr_inter_geo", "auto", C), auto.get(C)
+    if f and a:
+      fishr[C] = f["round_s"] / a["round_s"]
+  return dict(auto_vs_loop_at_1000=ratios.get(1000),
+              auto_vs_loop_min=min(ratios.values()) if ratios else None,
+              auto_vs_loop=ratios, auto_vs_torch_loop=torch,
+              fishr_inter_geo_vs_fedavg=fishr,
+              targets=dict(auto_vs_loop_at_1000=">= 1.7", auto_vs_loop_min=">= 1.0",
+                           auto_vs_torch_loop=">= 3", fishr_inter_geo_vs_fedavg="<= 1.3"))
+
+
+def plot_throughput(rows: list[dict], path: str, workload: str = "mlp_fedavg") -> None:
+  """PNG of client updates/s vs C (log-log), one line per implementation."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  series: dict = {}
+  for r in rows:
+    if r["workload"] == workload and r.get("client_updates_per_s"):
+      series.setdefault(r["impl"], []).append((r["clients"], r["client_updates_per_s"]))
+  fig, ax = plt.subplots(figsize=(7, 4.5))
+  for impl, pts in sorted(series.items()):
+    pts.sort()
+    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=impl)
+  ax.set_xscale("log")
+  ax.set_yscale("log")
+  ax.set_xlabel("clients per round C")
+  ax.set_ylabel("client updates / s")
+  ax.set_title(f"{workload}: 5 local SGD steps of batch 32 per client (CPU)")
+  ax.grid(True, which="both", alpha=0.3)
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
+def machine_info() -> dict:
+  """CPU model and core count (``lscpu``), platform, JAX version and devices."""
+  import jax
+  model = platform.processor() or "unknown"
+  try:
+    out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
+    for line in out.splitlines():
+      if line.startswith("Model name:"):
+        model = line.split(":", 1)[1].strip()
+  except (OSError, subprocess.SubprocessError):
+    pass
+  try:
+    load = os.getloadavg()
+  except OSError:
+    load = None
+  return dict(cpu=model, cores=os.cpu_count(), platform=platform.platform(),
+              python=platform.python_version(), jax=jax.__version__,
+              backend=jax.default_backend(), devices=jax.device_count(),
+              device_kind=jax.devices()[0].device_kind, loadavg_start=load)
+
+
+# ---------------------------------------------------------------------------------------
+# CLI
+# ---------------------------------------------------------------------------------------
+
+QUICK = dict(plan=[("mlp", (10, 100), ("loop", "auto", "vmap", "scan", "chunked",
+                                         "sharded")),
+                   ("cnn", (10,), ("loop", "auto", "vmap")),
+                   ("heavy", (10,), ("loop", "auto", "vmap"))],
+             warmup=1, rounds=3, budget_s=5.0, max_impl_s=30.0, matmul_n=1024)
+FULL = dict(plan=[("mlp", CLIENT_COUNTS, IMPLS),
+                  ("cnn", (10, 100, 1000), IMPLS),
+                  ("heavy", (10, 100, 1000), ("loop", "auto", "vmap", "chunked",
+                                               "sharded"))],
+            warmup=1, rounds=5, budget_s=60.0, max_impl_s=240.0, matmul_n=2048)
+
+
+def _csv(s: str, typ=str) -> list:
+  try:
+    return [typ(v) for v in s.split(",") if v.strip()]
+  except ValueError:
+    raise ValueError(f"expected a comma-separated list of {typ.__name__}, got {s!r}.")
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+  """Registers ``fedjax-inv bench`` (``args.func = cmd_bench``)."""
+  p = subparsers.add_parser(
+      "bench", help="round throughput: engine strategies vs a per-client loop (and peers)",
+      description=__doc__.split("\n\n")[0])
+  p.add_argument("--quick", action="store_true",
+                 help="small plan (MLP C=10,100; CNN and heavy algorithms C=10): < 2 min "
+                      "on 2 CPU cores")
+  p.add_argument("--workloads", help="comma list: mlp, cnn, heavy, mlp_<algorithm> "
+                 "(default: the plan's)")
+  p.add_argument("--clients", help="comma list of cohort sizes C (default 10,100,1000,"
+                 "10000; --quick 10,100)")
+  p.add_argument("--impls", help=f"comma list from {','.join(IMPLS)} (default all)")
+  p.add_argument("--rounds", type=int, help="timed rounds per row (default 5; quick 3)")
+  p.add_argument("--warmup", type=int, help="untimed rounds after compiling (default 1)")
+  p.add_argument("--chunk-size", type=int, default=None,
+                 help="clients per chunk for 'chunked' (default the engine's min(C, 64))")
+  p.add_argument("--max-impl-s", type=float, default=None,
+                 help="skip an implementation whose predicted time at the next C exceeds "
+                      "this (default 240; quick 30)")
+  p.add_argument("--json", metavar="FILE", help="write rows + meta as JSON ('-' = stdout)")
+  p.add_argument("--plot", metavar="PNG", help="plot client updates/s vs C (mlp_fedavg)")
+  p.add_argument("--peers", action="store_true",
+                 help="also run benchmarks/peers/bench_peers.py (FedJAX, DrJAX, PyTorch) "
+                      "in its own environment and merge the rows")
+  p.add_argument("--peers-python", default=str(PEERS_DIR / ".venv" / "bin" / "python"),
+                 help="interpreter of the peers' environment (benchmarks/peers/setup.sh)")
+  p.add_argument("--host-devices", type=int, default=None,
+                 help="CPU only: split the host into N XLA devices (sets XLA_FLAGS before "
+                      "JAX starts) so the 'sharded' row runs")
+  p.add_argument("--no-matmul-peak", action="store_true",
+                 help="skip measuring the f32 matmul peak (no %%peak column)")
+  p.set_defaults(func=cmd_bench)
+  return p
+
+
+def _plan(args) -> tuple[dict, list[tuple[list, tuple, tuple]]]:
+  cfg = dict(QUICK if args.quick else FULL)
+  if args.rounds is not None:
+    if args.rounds < 1:
+      raise ValueError(f"--rounds {args.rounds}: use >= 1 timed rounds.")
+    cfg["rounds"] = args.rounds
+  if args.warmup is not None:
+    if args.warmup < 0:
+      raise ValueError(f"--warmup {args.warmup}: use >= 0.")
+    cfg["warmup"] = args.warmup
+  if args.max_impl_s is not None:
+    cfg["max_impl_s"] = args.max_impl_s
+  if args.chunk_size is not None and args.chunk_size < 1:
+    raise ValueError(f"--chunk-size {args.chunk_size}: use a positive int.")
+  impls = _csv(args.impls) if args.impls else None
+  for i in impls or ():
+    if i not in IMPLS:
+      raise ValueError(f"--impls {i!r}: choose from {IMPLS}.")
+  clients = _csv(args.clients, int) if args.clients else None
+  for c in clients or ():
+    if c < 1:
+      raise ValueError(f"--clients {c}: cohort sizes must be >= 1.")
+  plan = []
+  if args.workloads:
+    for w in _csv(args.workloads):
+      ws = workloads([w])
+      plan.append((ws, tuple(clients or (CLIENT_COUNTS if not args.quick else (10, 100)))
+                   , tuple(impls or IMPLS)))
+  else:
+    for w, cs, im in cfg["plan"]:
+      plan.append((workloads([w]), tuple(clients or cs), tuple(impls or im)))
+  return cfg, plan
+
+
+def cmd_bench(args) -> int:
+  """Runs the benchmark plan; prints the table (and JSON with ``--json``). Exit 0."""
+  cfg, plan = _plan(args)
+  if args.host_devices:
+    if "jax" in sys.modules:
+      print("fedjax-inv bench: JAX is already imported; --host-devices is ignored.",
+            file=sys.stderr)
+    else:
+      os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                                 f" --xla_force_host_platform_device_count="
+                                 f"{args.host_devices}").strip()
+  import jax
+  from fedjax_inv.algorithms import registry
+  t_start = time.perf_counter()
+  log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
+  meta = machine_info()
+  meta.update(date=datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+              command="fedjax-inv " + " ".join(sys.argv[1:]) if sys.argv else "",
+              workload_data="synthetic MNIST-shaped clients: x uniform [0,1) of shape "
+              f"[C, {EXAMPLES_PER_CLIENT}, 28, 28, 1], 10 uniform labels; pool N = C",
+              local=dict(LOCAL), warmup=cfg["warmup"], rounds=cfg["rounds"])
+  peak = None
+  if not args.no_matmul_peak:
+    log(f"measuring f32 matmul peak (n={cfg['matmul_n']}) ...")
+    peak = measure_matmul_peak(cfg["matmul_n"])
+  meta["matmul_peak_gflops"] = None if peak is None else peak / 1e9
+  known = registry()
+  rows, notes, history = [], [], {}
+  for ws, clients, impls in plan:
+    for w in ws:
+      if w.algorithm not in known:
+        notes.append(f"{w.name}: algorithm {w.algorithm!r} is not registered yet; "
+                     "skipped.")
+        continue
+      for C in clients:
+        rows += run_config(w, C, list(impls), warmup=cfg["warmup"], rounds=cfg["rounds"],
+                           budget_s=cfg["budget_s"], peak_flops=peak,
+                           chunk_size=args.chunk_size, history=history,
+                           max_impl_s=cfg["max_impl_s"], log=log)
+  if args.peers:
+    mlp_clients = sorted({r["clients"] for r in rows if r["workload"] == "mlp_fedavg"})
+    prow, pnotes = run_peers(args.peers_python, mlp_clients or [10, 100], cfg["warmup"],
+                             cfg["rounds"], timeout_s=1800, log=log)
+    rows = merge_peers(rows, prow)
+    notes += pnotes
+  try:
+    meta["loadavg_end"] = os.getloadavg()
+  except OSError:
+    pass
+  meta["seconds"] = time.perf_counter() - t_start
+  summary = summarize(rows)
+  print(format_table(rows))
+  if notes:
+    print("\n" + "\n".join(notes))
+  print("\nsummary: " + json.dumps({k: v for k, v in summary.items() if k != "targets"},
+                                   default=str))
+  print(f"matmul peak {_fmt(meta['matmul_peak_gflops'], '{:.1f}')} GFLOP/s; "
+        f"{meta['cpu']}, {meta['cores']} cores, jax {meta['jax']}, "
+        f"{meta['devices']} device(s); load {meta['loadavg_start']} -> "
+        f"{meta.get('loadavg_end')}; {meta['seconds']:.0f} s")
+  payload = dict(meta=meta, rows=rows, notes=notes, summary=summary)
+  if args.json:
+    text = json.dumps(payload, indent=1, default=str)
+    if args.json == "-":
+      print(text)
+    else:
+      pathlib.Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+      pathlib.Path(args.json).write_text(text)
+  if args.plot:
+    plot_throughput(rows, args.plot)
+  return 0

@@ -1,0 +1,520 @@
+"""FedILC family and FedCurv: every registry name equals a slow Python loop over clients.
+
+The references below share only the documented randomness with the engine (sampled
+clients, minibatch indices: ``tests.reference``) and are written from the papers'
+formulas with ``jax.grad`` and the aggregators' array functions. FedSGD-type clients send
+``w − (w − 1.0·g)`` (one ``sgd(1.0)`` step), which the references reproduce literally.
+"""
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fedjax_inv import aggregators as aggs
+from fedjax_inv import penalties
+from fedjax_inv.algorithms import make_algorithm, registry
+from fedjax_inv.algorithms import fedilc
+from fedjax_inv.core import losses
+from fedjax_inv.core.algorithm import Batch, Context
+from fedjax_inv.core.data import ClientData
+from fedjax_inv.core.engine import build_round, init_state
+from tests.reference import batch_indices, round_keys, tmap
+
+RTOL, ATOL = 2e-4, 2e-5
+NAMES = ("geometric", "fishr_inter_geo", "fishr_intra_geo", "fishr_intra_arith", "fedcurv")
+
+
+# ---------------------------------------------------------------------------------------
+# Slow references
+# ---------------------------------------------------------------------------------------
+
+
+def _client(data, i):
+  n = int(data.n[i])
+  return np.asarray(data.x[i])[:n], np.asarray(data.y[i])[:n], n
+
+
+def _mean_loss(model, p, x, y):
+  return losses.mean_loss("binary", model.apply(p, x), y)
+
+
+def _example_loss(model, p, x, y):
+  return losses.per_example_loss("binary", model.apply(p, x[None]), y[None])[0]
+
+
+def _fishr_loss(model, p, clients):
+  """L_Fishr = (1/E) Σ_e ‖C_e − C̄‖² with C_e on the unpadded client data."""
+  vs = []
+  for x, y in clients:
+    z = model.features(p, x)
+    vs.append(penalties.per_sample_classifier_grad_variance(z, model.classify(p, z), y))
+  return penalties.fishr_penalty(jax.tree.map(lambda *a: jnp.stack(a), *vs))
+
+
+@functools.lru_cache(maxsize=None)
+def _fishr_grad(model):
+  return jax.jit(jax.grad(lambda p, clients: _fishr_loss(model, p, clients)))
+
+
+def _server_step(kind, params, pg, state, lr, wd=0.0, b1=0.9, b2=0.999, eps=1e-8):
+  """Hand-written server optimizers: plain SGD, or AdamW (bias-corrected, decoupled)."""
+  if kind == "sgd":
+    return tmap(lambda w, g: w - lr * g, params, pg), state
+  t = state["t"] + 1
+  m = tmap(lambda m, g: b1 * m + (1 - b1) * g, state["m"], pg)
+  v = tmap(lambda v, g: b2 * v + (1 - b2) * g * g, state["v"], pg)
+  new = tmap(lambda w, m, v: w - lr * ((m / (1 - b1 ** t)) / (jnp.sqrt(v / (1 - b2 ** t))
+                                                                + eps) + wd * w),
+             params, m, v)
+  return new, {"t": t, "m": m, "v": v}
+
+
+def reference_fedsgd_type(model, data, params, *, rounds, cohort, key, client_grad,
+                          aggregate, fishr_lambda=0.0, batch_size=None, server="sgd",
+                          server_lr=0.1, weight_decay=0.0):
+  """FedILC Alg. 1-2 with a Python loop: ``w ← opt(w, aggregate(msgs) + λ∇L_Fishr)``.
+
+  ``client_grad(p, x, y) -> gradient`` on the client's batch; ``aggregate(msgs, ns)``
+  combines the FedSGD messages ``w − (w − g)``.
+  """
+  N = data.num_clients
+  state = {"t": 0, "m": tmap(jnp.zeros_like, params), "v": tmap(jnp.zeros_like, params)}
+  for rnd in range(rounds):
+    idx, ckeys = round_keys(key, rnd, N, cohort)
+    msgs, ns, clients = [], [], []
+    for i, ck in zip(idx, ckeys):
+      x, y, n = _client(data, i)
+      (bidx,) = batch_indices(ck, 1, n, batch_size)
+      xb, yb = (x, y) if bidx is None else (x[bidx], y[bidx])
+      g = client_grad(params, xb, yb)
+      msgs.append(tmap(lambda w, g: w - (w - 1.0 * g), params, g))
+      ns.append(float(n))
+      clients.append((x, y))
+    pg = aggregate(msgs, ns)
+    if fishr_lambda:
+      gf = _fishr_grad(model)(params, clients)
+      pg = tmap(lambda a, b: a + fishr_lambda * b, pg, gf)
+    params, state = _server_step(server, params, pg, state, server_lr, weight_decay)
+  return params
+
+
+def _stack(trees):
+  return tmap(lambda *a: jnp.stack(a), *trees)
+
+
+def wgm_aggregate(zeros="both"):
+  return lambda msgs, ns: aggs.weighted_geometric_mean(_stack(msgs), zeros=zeros)
+
+
+def weighted_mean_aggregate(msgs, ns):
+  return tmap(lambda *a: sum(n * m for n, m in zip(ns, a)) / sum(ns), *msgs)
+
+
+@functools.lru_cache(maxsize=None)
+def mean_grad(model):
+  return jax.jit(jax.grad(lambda p, x, y: _mean_loss(model, p, x, y)))
+
+
+@functools.lru_cache(maxsize=None)
+def _example_grad(model):
+  return jax.jit(jax.grad(lambda p, x, y: _example_loss(model, p, x, y)))
+
+
+def per_example_wgm_grad(model, zeros="both"):
+  """Alg. 2's client: weightedgeo over the per-example gradients (loop over examples)."""
+  grad1 = _example_grad(model)
+
+  def client_grad(p, x, y):
+    gs = [grad1(p, x[i], y[i]) for i in range(len(x))]
+    return aggs.weighted_geometric_mean(_stack(gs), zeros=zeros)
+  return client_grad
+
+
+def group_wgm_grad(model, groups, zeros="both"):
+  """FedILC §5: weightedgeo over m contiguous groups (example r → group ⌊r·m/n⌋)."""
+  g_mean = mean_grad(model)
+
+  def client_grad(p, x, y):
+    n = len(x)
+    gs = []
+    for j in range(groups):
+      members = [r for r in range(n) if (r * groups) // n == j]
+      if members:
+        gs.append(g_mean(p, x[members], y[members]))
+    return aggs.weighted_geometric_mean(_stack(gs), zeros=zeros)
+  return client_grad
+
+
+def reference_fedcurv(model, data, params, *, rounds, cohort, key, lam, local_steps,
+                      batch_size, client_lr, server_lr=1.0):
+  """FedCurv (Shoham et al. 2019) with explicit per-client (F_j, θ_j) and a direct
+  Σ_{j≠i} F_j(θ − θ_j)² penalty; server SGD on the size-weighted mean of w − θ_i."""
+  N = data.num_clients
+  stored = {}  # client -> (F_j, θ_j) of its last participation
+  grad1 = _example_grad(model)
+
+  def local_loss(p, x, y, others):
+    pen = 0.0
+    for f, th in others:
+      pen = pen + sum(jnp.sum(fl * (pl - tl) ** 2) for fl, pl, tl in
+                      zip(jax.tree.leaves(f), jax.tree.leaves(p), jax.tree.leaves(th)))
+    return _mean_loss(model, p, x, y) + lam * pen
+
+  g_local = jax.jit(jax.grad(local_loss))
+  for rnd in range(rounds):
+    idx, ckeys = round_keys(key, rnd, N, cohort)
+    snapshot = dict(stored)
+    deltas, ns = [], []
+    for i, ck in zip(idx, ckeys):
+      x, y, n = _client(data, i)
+      others = [v for j, v in snapshot.items() if j != int(i)]
+      p = params
+      for bidx in batch_indices(ck, local_steps, n, batch_size):
+        xb, yb = (x, y) if bidx is None else (x[bidx], y[bidx])
+        p = tmap(lambda w, g: w - client_lr * g, p, g_local(p, xb, yb, others))
+      gs = [grad1(p, x[k], y[k]) for k in range(n)]
+      fisher = tmap(lambda *a: sum(t * t for t in a) / n, *gs)
+      stored[int(i)] = (fisher, p)
+      deltas.append(tmap(jnp.subtract, params, p))
+      ns.append(float(n))
+    pg = weighted_mean_aggregate(deltas, ns)
+    params = tmap(lambda w, g: w - server_lr * g, params, pg)
+  return params, stored
+
+
+# ---------------------------------------------------------------------------------------
+# Cases: name -> (make_algorithm kwargs, reference)
+# ---------------------------------------------------------------------------------------
+
+LAM = 3.0
+CASES = {
+    # Default server (AdamW) with a larger step so that the comparison is not trivial;
+    # FedSGD on minibatches of 8.
+    "geometric": dict(
+        kw=dict(server_lr=0.05, weight_decay=0.01, batch_size=8),
+        ref=lambda model: dict(client_grad=mean_grad(model), aggregate=wgm_aggregate(),
+                               batch_size=8, server="adamw", server_lr=0.05,
+                               weight_decay=0.01)),
+    "fishr_inter_geo": dict(
+        kw=dict(fishr_lambda=LAM, server_optimizer="sgd", server_lr=0.3, weight_decay=0.0),
+        ref=lambda model: dict(client_grad=mean_grad(model), aggregate=wgm_aggregate(),
+                               fishr_lambda=LAM, server_lr=0.3)),
+    "fishr_intra_geo": dict(
+        kw=dict(fishr_lambda=LAM, server_optimizer="sgd", server_lr=0.3, weight_decay=0.0,
+                intra_chunk=16),
+        ref=lambda model: dict(client_grad=per_example_wgm_grad(model),
+                               aggregate=weighted_mean_aggregate, fishr_lambda=LAM,
+                               server_lr=0.3)),
+    "fishr_intra_arith": dict(
+        kw=dict(fishr_lambda=LAM, server_optimizer="sgd", server_lr=0.3, weight_decay=0.0),
+        ref=lambda model: dict(client_grad=mean_grad(model),
+                               aggregate=weighted_mean_aggregate, fishr_lambda=LAM,
+                               server_lr=0.3)),
+}
+FEDCURV = dict(kw=dict(curv_lambda=5.0, client_lr=0.1, local_steps=2, batch_size=8,
+                       server_optimizer="sgd", server_lr=1.0, weight_decay=0.0,
+                       fisher_chunk=16),
+               ref=dict(lam=5.0, client_lr=0.1, local_steps=2, batch_size=8, server_lr=1.0))
+
+
+@functools.lru_cache(maxsize=None)
+def _engine(name, kw_items, strategy, data_key, rounds, cohort, seed=0):
+  """Runs the engine (cached: several tests share one compiled run)."""
+  data, model = _DATA[data_key]
+  alg = make_algorithm(name, **dict(kw_items))
+  rf = build_round(model, "binary", alg, data.num_clients, cohort, execution=strategy,
+                   chunk_size=2)
+  server, cs = init_state(alg, model.init(seed), data.num_clients)
+  for _ in range(rounds):
+    server, cs, metrics = rf(server, cs, data, jax.random.key(seed))
+  return server, cs, metrics
+
+
+_DATA = {}
+
+
+def run_engine(name, kw, strategy, data_key="tiny", rounds=2, cohort=4):
+  return _engine(name, tuple(sorted(kw.items())), strategy, data_key, rounds, cohort)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _register_data(tiny_binary):
+  data, model = tiny_binary
+  _DATA["tiny"] = (data, model)
+  _DATA["pool4"] = (data.take(np.arange(4)), model)
+  # Same clients, padded further with junk (padding must not matter).
+  extra = 13
+  junk = np.random.default_rng(1)
+  x = np.asarray(data.x).copy()
+  y = np.asarray(data.y).copy()
+  mask = np.arange(x.shape[1])[None, :] >= np.asarray(data.n)[:, None]
+  x[mask] = junk.normal(scale=50.0, size=x[mask].shape)
+  y[mask] = 1
+  x = np.concatenate([x, junk.normal(scale=50.0, size=(x.shape[0], extra, x.shape[2]))], 1)
+  y = np.concatenate([y, np.ones((y.shape[0], extra), y.dtype)], 1)
+  _DATA["tiny_junk_padded"] = (ClientData(x=jnp.asarray(x, jnp.float32), y=jnp.asarray(y),
+                                          n=data.n), model)
+  yield
+  _engine.cache_clear()
+
+
+def _assert_trees_close(got, want, rtol=RTOL, atol=ATOL):
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=rtol, atol=atol)
+
+
+def _max_abs_diff(a, b):
+  return max(float(jnp.max(jnp.abs(x - y))) for x, y in
+             zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+# ---------------------------------------------------------------------------------------
+# Reference equality
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("strategy", ["vmap", "scan"])
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_fedsgd_type_equals_python_loop(name, strategy):
+  data, model = _DATA["tiny"]
+  case = CASES[name]
+  server, _, _ = run_engine(name, case["kw"], strategy)
+  want = reference_fedsgd_type(model, data, model.init(0), rounds=2, cohort=4,
+                               key=jax.random.key(0), **case["ref"](model))
+  _assert_trees_close(server.params, want)
+  assert _max_abs_diff(server.params, model.init(0)) > 1e-3  # not a no-op round
+
+
+def test_fishr_inter_geo_chunked_equals_python_loop():
+  data, model = _DATA["tiny"]
+  case = CASES["fishr_inter_geo"]
+  server, _, _ = run_engine("fishr_inter_geo", case["kw"], "chunked")
+  want = reference_fedsgd_type(model, data, model.init(0), rounds=2, cohort=4,
+                               key=jax.random.key(0), **case["ref"](model))
+  _assert_trees_close(server.params, want)
+
+
+def test_fishr_term_changes_the_update():
+  """Guards the Fishr references: the λ term moves the result measurably."""
+  data, model = _DATA["tiny"]
+  with_fishr, _, _ = run_engine("fishr_intra_arith", CASES["fishr_intra_arith"]["kw"], "scan")
+  without = reference_fedsgd_type(model, data, model.init(0), rounds=2, cohort=4,
+                                  key=jax.random.key(0), client_grad=mean_grad(model),
+                                  aggregate=weighted_mean_aggregate, server_lr=0.3)
+  assert _max_abs_diff(with_fishr.params, without) > 1e-3
+
+
+@pytest.mark.parametrize("zeros", ["both", "negative"])
+def test_intra_geo_groups_and_zero_conventions_equal_python_loop(zeros):
+  """Mini-batch geometric mean (intra_groups=3 of 8 sampled examples) and both zero
+  conventions; the tiny ReLU MLP's per-group gradients include exact zeros."""
+  data, model = _DATA["tiny"]
+  kw = dict(fishr_lambda=1.0, server_optimizer="sgd", server_lr=0.3, weight_decay=0.0,
+            batch_size=8, intra_groups=3, zeros=zeros)
+  server, _, _ = run_engine("fishr_intra_geo", kw, "scan")
+  want = reference_fedsgd_type(model, data, model.init(0), rounds=2, cohort=4,
+                               key=jax.random.key(0),
+                               client_grad=group_wgm_grad(model, 3, zeros),
+                               aggregate=weighted_mean_aggregate, fishr_lambda=1.0,
+                               batch_size=8, server_lr=0.3)
+  _assert_trees_close(server.params, want)
+
+
+@pytest.mark.parametrize("strategy", ["vmap", "scan"])
+def test_fedcurv_equals_python_loop(strategy):
+  data, model = _DATA["pool4"]
+  server, cs, _ = run_engine("fedcurv", FEDCURV["kw"], strategy, "pool4", rounds=3,
+                             cohort=3)
+  want, stored = reference_fedcurv(model, data, model.init(0), rounds=3, cohort=3,
+                                   key=jax.random.key(0), **FEDCURV["ref"])
+  _assert_trees_close(server.params, want)
+  # Per-client state = the client's last contribution; never-sampled clients hold zeros.
+  for i in range(4):
+    f_i = jax.tree.map(lambda a: a[i], cs["fedcurv"]["f"])
+    if i in stored:
+      _assert_trees_close(f_i, stored[i][0], rtol=1e-3, atol=1e-6)
+      ft = jax.tree.map(lambda a: a[i], cs["fedcurv"]["f_theta"])
+      _assert_trees_close(ft, tmap(jnp.multiply, stored[i][0], stored[i][1]), 1e-3, 1e-6)
+    else:
+      assert all(float(jnp.max(jnp.abs(a))) == 0.0 for a in jax.tree.leaves(f_i))
+  # The server sums are the sums over the pool of every client's latest contribution.
+  for key in ("f", "f_theta", "f_theta2"):
+    pool_sum = jax.tree.map(lambda a: jnp.sum(a, axis=0), cs["fedcurv"][key])
+    _assert_trees_close(server.extras["fedcurv"][key], pool_sum, 1e-4, 1e-7)
+
+
+def test_fedcurv_penalty_is_active():
+  """λ > 0 changes training vs λ = 0 in the reference (so the comparison above tests it)."""
+  data, model = _DATA["pool4"]
+  ref = dict(FEDCURV["ref"])
+  with_pen, _ = reference_fedcurv(model, data, model.init(0), rounds=3, cohort=3,
+                                  key=jax.random.key(0), **ref)
+  ref["lam"] = 0.0
+  without, _ = reference_fedcurv(model, data, model.init(0), rounds=3, cohort=3,
+                                 key=jax.random.key(0), **ref)
+  assert _max_abs_diff(with_pen, without) > 1e-4
+
+
+def test_fedcurv_penalty_closed_form():
+  """Σ_{j≠i} F_j(θ − θ_j)² from the pool sums equals the direct sum over j."""
+  rng = np.random.default_rng(3)
+  shape = {"a": (3, 2), "b": (4,)}
+  mk = lambda: {k: jnp.asarray(rng.normal(size=s), jnp.float32) for k, s in shape.items()}  # noqa: E731
+  fs = [tmap(jnp.abs, mk()) for _ in range(4)]
+  ths = [mk() for _ in range(4)]
+  theta = mk()
+  contrib = [{"f": f, "f_theta": tmap(jnp.multiply, f, t),
+              "f_theta2": tmap(lambda a, b: a * b * b, f, t)} for f, t in zip(fs, ths)]
+  sums = tmap(lambda *a: sum(a), *contrib)
+  for i in range(4):
+    want = sum(float(jnp.sum(f[k] * (theta[k] - t[k]) ** 2))
+               for j, (f, t) in enumerate(zip(fs, ths)) if j != i for k in shape)
+    got = float(fedilc.fedcurv_penalty(theta, sums, contrib[i]))
+    np.testing.assert_allclose(got, want, rtol=1e-4)
+
+
+# ---------------------------------------------------------------------------------------
+# The Fishr message protocol equals jax.grad of L_Fishr
+# ---------------------------------------------------------------------------------------
+
+
+def test_fishr_protocol_equals_jax_grad_of_penalty():
+  data, model = _DATA["tiny"]
+  params = model.init(0)
+  comp = fedilc.fishr_component(1.0)
+  mask = np.asarray(data.mask())
+
+  def direct(p):  # vmap over the clients' full (padded, masked) data
+    def var(x, y, w):
+      z = model.features(p, x)
+      return penalties.per_sample_classifier_grad_variance(z, model.classify(p, z), y, w)
+    return penalties.fishr_penalty(jax.vmap(var)(data.x, data.y, jnp.asarray(mask)))
+
+  want_value, want_grad = jax.value_and_grad(direct)(params)
+  ctx = Context(params=params, round=jnp.int32(0), extras={"fishr": comp.init_server(params)},
+                client={}, num_clients=jnp.float32(5), cohort=jnp.float32(5))
+  key = jax.random.key(0)
+  datas = [(data.x[i], data.y[i], data.n[i]) for i in range(5)]
+  pre = [comp.pre_message(model, "binary", params, d, ctx, key) for d in datas]
+  stats = tmap(lambda *a: sum(a), *[comp.pre_aggregator.lift(m, data.n[i].astype(jnp.float32))
+                                    for i, m in enumerate(pre)])
+  state = comp.pre_update(ctx.extras["fishr"], comp.pre_aggregator.finalize(stats), ctx)
+  np.testing.assert_allclose(float(state["penalty"]), float(want_value), rtol=1e-3)
+  ctx = ctx.replace(extras={"fishr": state})
+  vjps = [comp.message(model, "binary", params, params, d, ctx, key, 1, 1.0)[0]
+          for d in datas]
+  stats = tmap(lambda *a: sum(a), *[comp.aggregator.lift(m, jnp.float32(7.0)) for m in vjps])
+  got = comp.aggregator.finalize(stats)
+  _assert_trees_close(got, want_grad, rtol=1e-4, atol=1e-7)
+  # The featurizer receives a nonzero Fishr gradient (C_e depends on the features).
+  feat_norm = sum(float(jnp.sum(a * a)) for a in jax.tree.leaves(got["featurizer"]))
+  assert feat_norm > 1e-10
+  # server_update adds λ · mean VJP to the pseudo-gradient.
+  pg = tmap(jnp.ones_like, params)
+  _, out = fedilc.fishr_component(2.5).server_update(state, got, pg, ctx)
+  _assert_trees_close(out, tmap(lambda g: 1.0 + 2.5 * g, got), rtol=1e-6, atol=1e-7)
+
+
+def test_fishr_lambda_zero_is_geometric_exactly():
+  kw = dict(server_lr=0.05, weight_decay=0.01, batch_size=8)
+  geo, _, _ = run_engine("geometric", kw, "scan")
+  fishr0, _, _ = run_engine("fishr_inter_geo", dict(kw, fishr_lambda=0.0), "scan")
+  for a, b in zip(jax.tree.leaves(geo.params), jax.tree.leaves(fishr0.params)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+# ---------------------------------------------------------------------------------------
+# Intra-silo geometric mean: padding, chunking, per-example == groups of one
+# ---------------------------------------------------------------------------------------
+
+
+def test_intra_geo_padding_and_chunk_invariance():
+  """Junk in padded rows (and 13 more of them) and another chunk size change nothing."""
+  kw = CASES["fishr_intra_geo"]["kw"]
+  clean, _, _ = run_engine("fishr_intra_geo", kw, "scan")
+  padded, _, _ = run_engine("fishr_intra_geo", dict(kw, intra_chunk=5), "scan",
+                            "tiny_junk_padded")
+  _assert_trees_close(padded.params, clean.params, rtol=1e-5, atol=1e-6)
+
+
+def test_intra_geo_per_example_equals_groups_of_one():
+  data, model = _DATA["tiny"]
+  params = model.init(0)
+  ctx = Context(params=params, round=jnp.int32(0), extras={}, client={},
+                num_clients=jnp.float32(1), cohort=jnp.float32(1))
+
+  def vg(p, batch, key):
+    return jax.value_and_grad(
+        lambda q: losses.mean_loss("binary", model.apply(q, batch.x), batch.y, batch.w))(p)
+
+  n = int(data.n[2])  # 20 real examples, padded to 50
+  batch = Batch(x=data.x[2], y=data.y[2], w=jnp.asarray(data.mask()[2]))
+  key = jax.random.key(0)
+  per_ex = fedilc.intra_geo_component(None, chunk=6).grad_estimator(vg, params, batch, ctx, key)
+  groups = fedilc.intra_geo_component(n, chunk=6).grad_estimator(vg, params, batch, ctx, key)
+  np.testing.assert_allclose(float(per_ex[0]), float(vg(params, batch, key)[0]), rtol=1e-5)
+  np.testing.assert_allclose(float(groups[0]), float(per_ex[0]), rtol=1e-5)
+  _assert_trees_close(groups[1], per_ex[1], rtol=1e-5, atol=1e-8)
+  # More groups than examples: empty groups are not environments.
+  more = fedilc.intra_geo_component(n + 7).grad_estimator(vg, params, batch, ctx, key)
+  _assert_trees_close(more[1], per_ex[1], rtol=1e-5, atol=1e-8)
+  # One group = the plain mean gradient (a geometric mean of one value is that value).
+  one = fedilc.intra_geo_component(1).grad_estimator(vg, params, batch, ctx, key)
+  _assert_trees_close(one[1], vg(params, batch, key)[1], rtol=1e-5, atol=1e-8)
+
+
+# ---------------------------------------------------------------------------------------
+# Registry, hyperparameters, validation
+# ---------------------------------------------------------------------------------------
+
+
+def test_registered_with_hparams():
+  reg = registry()
+  for name in NAMES:
+    assert name in reg and reg[name].paper
+    alg = make_algorithm(name)
+    hp = alg.hparams
+    assert hp["server_optimizer"] == "adamw" and hp["server_lr"] == 3e-4
+    assert hp["weight_decay"] == 0.01
+  assert make_algorithm("fishr_inter_geo").hparams["fishr_lambda"] == 15.0
+  assert make_algorithm("fishr_intra_geo").hparams["intra_groups"] is None
+  assert make_algorithm("geometric").hparams["zeros"] == "both"
+  assert make_algorithm("geometric").local_steps == 1
+
+
+@pytest.mark.parametrize("name,kw,match", [
+    ("geometric", dict(server_lr=0.0), "server_lr"),
+    ("geometric", dict(server_lr=float("nan")), "server_lr"),
+    ("geometric", dict(weight_decay=-0.1), "weight_decay"),
+    ("geometric", dict(server_optimizer="yogi"), "server_optimizer"),
+    ("geometric", dict(zeros="positive"), "zeros"),
+    ("geometric", dict(batch_size=0), "batch_size"),
+    ("geometric", dict(batch_size=True), "batch_size"),
+    ("geometric", dict(client_lr=0.1), "fixes"),
+    ("fishr_inter_geo", dict(local_steps=3), "fixes"),
+    ("fishr_inter_geo", dict(fishr_lambda=-1.0), "fishr_lambda"),
+    ("fishr_inter_geo", dict(b2=1.0), "b2"),
+    ("fishr_intra_geo", dict(intra_groups=0), "intra_groups"),
+    ("fishr_intra_geo", dict(intra_groups=2.5), "intra_groups"),
+    ("fishr_intra_geo", dict(intra_chunk=0), "intra_chunk"),
+    ("fishr_intra_arith", dict(weighting="size"), "weighting"),
+    ("fishr_intra_arith", dict(lambda_=1.0), "unknown"),
+    ("fedcurv", dict(curv_lambda=-1.0), "curv_lambda"),
+    ("fedcurv", dict(local_steps=0), "local_steps"),
+    ("fedcurv", dict(client_lr=0.0), "client_lr"),
+    ("fedcurv", dict(client_optimizer="rmsprop"), "client_optimizer"),
+    ("fedcurv", dict(fisher_chunk=0), "fisher_chunk"),
+])
+def test_bad_hyperparameters_raise(name, kw, match):
+  with pytest.raises(ValueError, match=match):
+    make_algorithm(name, **kw)
+
+
+def test_fishr_rejects_regression_before_running():
+  """Fishr's C_e needs class likelihoods; the error names the kind."""
+  model = _DATA["tiny"][1]
+  with pytest.raises(ValueError, match="regression"):
+    fedilc.client_grad_variance(model, "regression", model.init(0), jnp.zeros((3, 6)),
+                                jnp.zeros((3,)), jnp.int32(3))
