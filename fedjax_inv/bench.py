@@ -279,7 +279,8 @@ class LoopRound:
       loss_sum, wsum = sums["__loss__"]
       return new_server, {"train_loss": loss_sum / wsum}
 
-    self._fns = dict(sample=sample, pre_stats=pre_stats, pre_acc=pre_acc, pre_finish=pre_finish,
+    self._fns = dict(sample=sample, pre_stats=pre_stats, pre_acc=pre_acc,
+                     pre_finish=pre_finish,
                      client_stats=client_stats, client_acc=client_acc, finish=finish)
 
   def _zeros(self, fn, *args):
@@ -590,9 +591,9 @@ def run_config(workload: Workload, C: int, impls: list[str], *, warmup: int, rou
   import jax
   from fedjax_inv.core import engine, memory
 
-  model = workload.make_model()
+  task_model = workload.make_model()
   algorithm, alg_note = workload.make_algorithm()
-  model = algorithm.model_for(model)
+  model = algorithm.model_for(task_model)
   kind = "multiclass"
   capacity = memory.device_memory_bytes()
   pool_bytes = C * EXAMPLES_PER_CLIENT * (math.prod(FEATURE_SHAPE) + 1) * 4
@@ -638,8 +639,8 @@ def run_config(workload: Workload, C: int, impls: list[str], *, warmup: int, rou
     est = None
     if strategy != "loop":
       try:
-        est = memory.check_fits(model, algorithm, C, EXAMPLES_PER_CLIENT, FEATURE_SHAPE,
-                                strategy, chunk_size, num_devices=nd,
+        est = memory.check_fits(task_model, algorithm, C, EXAMPLES_PER_CLIENT,
+                                FEATURE_SHAPE, strategy, chunk_size, num_devices=nd,
                                 capacity_bytes=capacity, fraction=fraction)
       except memory.DoesNotFitError as e:
         rows.append(_row(workload, C, impl, strategy=strategy,
@@ -778,7 +779,8 @@ def _fmt(v, spec="{:.3g}", none="-"):
 
 def format_table(rows: list[dict]) -> str:
   """A fixed-width text table of the rows (one line each, notes below)."""
-  head = (f"{'workload':22s} {'C':>6s} {'impl':18s} {'strategy':8s} {'round s (min-max)':>24s}"
+  head = (f"{'workload':22s} {'C':>6s} {'impl':18s} {'strategy':8s} "
+          f"{'round s (min-max)':>24s}"
           f" {'upd/s':>8s} {'ratio':>6s} {'compile':>7s} {'GFLOP/s':>7s} {'%peak':>5s}"
           f" {'est MB':>7s} {'XLA MB':>7s} {'RSSΔ MB':>7s}")
   lines = [head, "-" * len(head)]

@@ -39,6 +39,7 @@ RUN_KEYS = {  # config key -> (type, help)
     "source": (str, "data source: auto | raw | tfds | bundled"),
     "download": (bool, "download missing raw data (opt-in; short timeout)"),
     "hp": (list, "algorithm hyperparameter NAME=VALUE (repeatable), e.g. mu=0.1"),
+    "holdout": (str, "leave-one-domain-out: 'all' or comma-separated domains (domain tasks)"),
 }
 
 
@@ -108,9 +109,9 @@ def resolve_run_config(args) -> dict:
   return cfg
 
 
-def _algorithm_kwargs(cfg: dict, task) -> dict:
-  """Task defaults, overridden by the run config."""
-  kw = {k: v for k, v in task.defaults.items() if k not in ("rounds", "eval_every")}
+def algorithm_overrides(cfg: dict) -> dict:
+  """Algorithm hyperparameters set explicitly by flags / config (no task defaults)."""
+  kw = {}
   mapping = {"lr": "client_lr", "server_lr": "server_lr", "local_steps": "local_steps",
              "client_optimizer": "client_optimizer", "aggregator": "aggregator",
              "tau": "tau"}
@@ -136,8 +137,14 @@ def _algorithm_kwargs(cfg: dict, task) -> dict:
 
 def cmd_run(args) -> int:
   cfg = resolve_run_config(args)
+  if cfg.get("holdout"):
+    from fedjax_inv.experiment import run_holdout_experiment
+    run_holdout_experiment(cfg, progress=not args.no_progress,
+                           overrides=algorithm_overrides(cfg))
+    return 0
   from fedjax_inv.experiment import run_experiment
-  summary = run_experiment(cfg, progress=not args.no_progress, algorithm_kwargs=_algorithm_kwargs)
+  summary = run_experiment(cfg, progress=not args.no_progress,
+                           overrides=algorithm_overrides(cfg))
   return 0 if summary else 1
 
 

@@ -25,12 +25,12 @@ def _final_metrics(task) -> list[str]:
   return names + ["train_loss"] + [f"{s}_loss" for s in task.eval_sets]
 
 
-def run_experiment(cfg: dict, progress: bool = True, algorithm_kwargs=None,
+def run_experiment(cfg: dict, progress: bool = True, overrides=None,
                    stream=None) -> dict:
   """Runs every (algorithm, seed) of ``cfg`` and writes the results directory.
 
-  ``cfg`` keys: see ``fedjax_inv.cli.RUN_KEYS``. ``algorithm_kwargs(cfg, task) -> dict``
-  maps the config to algorithm hyperparameters. Validation (names, sizes) happens for
+  ``cfg`` keys: see ``fedjax_inv.cli.RUN_KEYS``. ``overrides``: algorithm
+  hyperparameters set by the user (they win over the task's defaults). Validation (names, sizes) happens for
   every algorithm before the first compile. Returns the summary dict.
   """
   from fedjax_inv.algorithms import make_algorithm
@@ -55,8 +55,7 @@ def run_experiment(cfg: dict, progress: bool = True, algorithm_kwargs=None,
   if not 1 <= cohort <= task.train.num_clients:
     raise ValueError(f"--clients-per-round {cohort}: the task has "
                      f"{task.train.num_clients} training clients.")
-  kw = algorithm_kwargs(cfg, task) if algorithm_kwargs else {}
-  built = {a: make_algorithm(a, **_kwargs_for(a, kw)) for a in algos}
+  built = {a: make_algorithm(a, **task.algorithm_settings(a, overrides)) for a in algos}
   stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
   out = pathlib.Path(cfg.get("out") or f"runs/{task.name}-{'+'.join(algos)}-{stamp}")
   print(f"task {task.name}: {task.train.num_clients} training clients "
@@ -115,9 +114,33 @@ def run_experiment(cfg: dict, progress: bool = True, algorithm_kwargs=None,
   return summary
 
 
-def _kwargs_for(name: str, kw: dict) -> dict:
-  """FedSGD fixes the client recipe: drop the task's client defaults for it."""
-  if name in ("fedsgd",):
-    return {k: v for k, v in kw.items()
-            if k not in ("client_lr", "local_steps", "client_optimizer", "weight_decay")}
-  return kw
+def run_holdout_experiment(cfg: dict, progress: bool = True, overrides=None,
+                           stream=None) -> dict:
+  """Leave-one-domain-out (``--holdout all`` or a comma-separated list of domains) for a
+  domain task: every held-out domain × algorithm × seed, model selection by
+  training-domain validation, test-domain oracle and last round, written as paper-style
+  tables to ``runs/<name>/`` (see ``fedjax_inv.eval.lodo``)."""
+  from fedjax_inv.eval import lodo
+  stream = stream or sys.stdout
+  holdout = str(cfg["holdout"])
+  holdouts = "all" if holdout == "all" else [
+      int(h) if h.strip().isdigit() else h.strip() for h in holdout.split(",")]
+  seed0 = int(cfg.get("seed") or 0)
+  nseeds = int(cfg.get("seeds") or 1)
+  if nseeds < 1:
+    raise ValueError(f"--seeds {nseeds}: must be >= 1.")
+  task_kwargs = {"data_dir": cfg.get("data_dir"), "source": cfg.get("source") or "auto",
+                 "download": bool(cfg.get("download")), "seed": seed0}
+  result = lodo.run_lodo(
+      cfg["task"], str(cfg.get("algorithm", "fedavg")),
+      seeds=tuple(range(seed0, seed0 + nseeds)), rounds=cfg.get("rounds"),
+      holdouts=holdouts, task_kwargs=task_kwargs, algorithm_kwargs=overrides or {},
+      execution=cfg.get("execution") or "auto", eval_every=cfg.get("eval_every"),
+      progress=progress, clients_per_round=cfg.get("clients_per_round"), stream=stream)
+  stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+  out = pathlib.Path(cfg.get("out") or f"runs/{cfg['task']}-lodo-{stamp}")
+  lodo.write_lodo_outputs(out, result)
+  print("\n" + lodo.format_lodo_markdown(result), file=stream)
+  print(f"\nwrote {out}/ (results.md, results.csv, summary.json, metrics.jsonl)",
+        file=stream)
+  return result

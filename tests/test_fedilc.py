@@ -44,18 +44,28 @@ def _example_loss(model, p, x, y):
   return losses.per_example_loss("binary", model.apply(p, x[None]), y[None])[0]
 
 
-def _fishr_loss(model, p, clients):
-  """L_Fishr = (1/E) Σ_e ‖C_e − C̄‖² with C_e on the unpadded client data."""
-  vs = []
-  for x, y in clients:
+def _fishr_loss(model, p, x, y, w):
+  """L_Fishr = (1/E) Σ_e ‖C_e − C̄‖², vmapped over the E sampled clients' full data
+  (``x [E, n_max, ...]``, padding rows masked by ``w [E, n_max]``)."""
+  def var(x, y, w):
     z = model.features(p, x)
-    vs.append(penalties.per_sample_classifier_grad_variance(z, model.classify(p, z), y))
-  return penalties.fishr_penalty(jax.tree.map(lambda *a: jnp.stack(a), *vs))
+    return penalties.per_sample_classifier_grad_variance(z, model.classify(p, z), y, w)
+  return penalties.fishr_penalty(jax.vmap(var)(x, y, w))
 
 
-@functools.lru_cache(maxsize=None)
+_JITTED = {}
+
+
+def _jitted(tag, model, fn):
+  """One jitted function per (tag, model): references reuse their compilations."""
+  key = (tag, id(model))
+  if key not in _JITTED:
+    _JITTED[key] = jax.jit(fn)
+  return _JITTED[key]
+
+
 def _fishr_grad(model):
-  return jax.jit(jax.grad(lambda p, clients: _fishr_loss(model, p, clients)))
+  return _jitted("fishr", model, jax.grad(lambda p, x, y, w: _fishr_loss(model, p, x, y, w)))
 
 
 def _server_step(kind, params, pg, state, lr, wd=0.0, b1=0.9, b2=0.999, eps=1e-8):
@@ -83,7 +93,7 @@ def reference_fedsgd_type(model, data, params, *, rounds, cohort, key, client_gr
   state = {"t": 0, "m": tmap(jnp.zeros_like, params), "v": tmap(jnp.zeros_like, params)}
   for rnd in range(rounds):
     idx, ckeys = round_keys(key, rnd, N, cohort)
-    msgs, ns, clients = [], [], []
+    msgs, ns = [], []
     for i, ck in zip(idx, ckeys):
       x, y, n = _client(data, i)
       (bidx,) = batch_indices(ck, 1, n, batch_size)
@@ -91,10 +101,9 @@ def reference_fedsgd_type(model, data, params, *, rounds, cohort, key, client_gr
       g = client_grad(params, xb, yb)
       msgs.append(tmap(lambda w, g: w - (w - 1.0 * g), params, g))
       ns.append(float(n))
-      clients.append((x, y))
     pg = aggregate(msgs, ns)
     if fishr_lambda:
-      gf = _fishr_grad(model)(params, clients)
+      gf = _fishr_grad(model)(params, data.x[idx], data.y[idx], data.mask()[idx])
       pg = tmap(lambda a, b: a + fishr_lambda * b, pg, gf)
     params, state = _server_step(server, params, pg, state, server_lr, weight_decay)
   return params
@@ -112,14 +121,12 @@ def weighted_mean_aggregate(msgs, ns):
   return tmap(lambda *a: sum(n * m for n, m in zip(ns, a)) / sum(ns), *msgs)
 
 
-@functools.lru_cache(maxsize=None)
 def mean_grad(model):
-  return jax.jit(jax.grad(lambda p, x, y: _mean_loss(model, p, x, y)))
+  return _jitted("mean", model, jax.grad(lambda p, x, y: _mean_loss(model, p, x, y)))
 
 
-@functools.lru_cache(maxsize=None)
 def _example_grad(model):
-  return jax.jit(jax.grad(lambda p, x, y: _example_loss(model, p, x, y)))
+  return _jitted("example", model, jax.grad(lambda p, x, y: _example_loss(model, p, x, y)))
 
 
 def per_example_wgm_grad(model, zeros="both"):
@@ -214,8 +221,7 @@ CASES = {
                                server_lr=0.3)),
 }
 FEDCURV = dict(kw=dict(curv_lambda=5.0, client_lr=0.1, local_steps=2, batch_size=8,
-                       server_optimizer="sgd", server_lr=1.0, weight_decay=0.0,
-                       fisher_chunk=16),
+                       server_optimizer="sgd", server_lr=1.0, weight_decay=0.0),
                ref=dict(lam=5.0, client_lr=0.1, local_steps=2, batch_size=8, server_lr=1.0))
 
 
@@ -258,6 +264,8 @@ def _register_data(tiny_binary):
                                           n=data.n), model)
   yield
   _engine.cache_clear()
+  _REFS.clear()
+  _JITTED.clear()
 
 
 def _assert_trees_close(got, want, rtol=RTOL, atol=ATOL):
@@ -275,25 +283,30 @@ def _max_abs_diff(a, b):
 # ---------------------------------------------------------------------------------------
 
 
+_REFS = {}
+
+
+def case_reference(name):
+  """The slow reference of ``CASES[name]`` (computed once, shared by the strategies)."""
+  if name not in _REFS:
+    data, model = _DATA["tiny"]
+    _REFS[name] = reference_fedsgd_type(model, data, model.init(0), rounds=2, cohort=4,
+                                        key=jax.random.key(0), **CASES[name]["ref"](model))
+  return _REFS[name]
+
+
 @pytest.mark.parametrize("strategy", ["vmap", "scan"])
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_fedsgd_type_equals_python_loop(name, strategy):
-  data, model = _DATA["tiny"]
-  case = CASES[name]
-  server, _, _ = run_engine(name, case["kw"], strategy)
-  want = reference_fedsgd_type(model, data, model.init(0), rounds=2, cohort=4,
-                               key=jax.random.key(0), **case["ref"](model))
-  _assert_trees_close(server.params, want)
+  model = _DATA["tiny"][1]
+  server, _, _ = run_engine(name, CASES[name]["kw"], strategy)
+  _assert_trees_close(server.params, case_reference(name))
   assert _max_abs_diff(server.params, model.init(0)) > 1e-3  # not a no-op round
 
 
 def test_fishr_inter_geo_chunked_equals_python_loop():
-  data, model = _DATA["tiny"]
-  case = CASES["fishr_inter_geo"]
-  server, _, _ = run_engine("fishr_inter_geo", case["kw"], "chunked")
-  want = reference_fedsgd_type(model, data, model.init(0), rounds=2, cohort=4,
-                               key=jax.random.key(0), **case["ref"](model))
-  _assert_trees_close(server.params, want)
+  server, _, _ = run_engine("fishr_inter_geo", CASES["fishr_inter_geo"]["kw"], "chunked")
+  _assert_trees_close(server.params, case_reference("fishr_inter_geo"))
 
 
 def test_fishr_term_changes_the_update():
@@ -306,10 +319,10 @@ def test_fishr_term_changes_the_update():
   assert _max_abs_diff(with_fishr.params, without) > 1e-3
 
 
-@pytest.mark.parametrize("zeros", ["both", "negative"])
-def test_intra_geo_groups_and_zero_conventions_equal_python_loop(zeros):
-  """Mini-batch geometric mean (intra_groups=3 of 8 sampled examples) and both zero
-  conventions; the tiny ReLU MLP's per-group gradients include exact zeros."""
+def test_intra_geo_groups_negative_zeros_equal_python_loop():
+  """Mini-batch geometric mean (intra_groups=3 of 8 sampled examples) with FedILC code's
+  zero convention (the per-example case above uses the paper's 'both')."""
+  zeros = "negative"
   data, model = _DATA["tiny"]
   kw = dict(fishr_lambda=1.0, server_optimizer="sgd", server_lr=0.3, weight_decay=0.0,
             batch_size=8, intra_groups=3, zeros=zeros)
@@ -322,13 +335,20 @@ def test_intra_geo_groups_and_zero_conventions_equal_python_loop(zeros):
   _assert_trees_close(server.params, want)
 
 
+def fedcurv_reference(lam):
+  if ("fedcurv", lam) not in _REFS:
+    data, model = _DATA["pool4"]
+    _REFS["fedcurv", lam] = reference_fedcurv(model, data, model.init(0), rounds=3,
+                                              cohort=3, key=jax.random.key(0),
+                                              **dict(FEDCURV["ref"], lam=lam))
+  return _REFS["fedcurv", lam]
+
+
 @pytest.mark.parametrize("strategy", ["vmap", "scan"])
 def test_fedcurv_equals_python_loop(strategy):
-  data, model = _DATA["pool4"]
   server, cs, _ = run_engine("fedcurv", FEDCURV["kw"], strategy, "pool4", rounds=3,
                              cohort=3)
-  want, stored = reference_fedcurv(model, data, model.init(0), rounds=3, cohort=3,
-                                   key=jax.random.key(0), **FEDCURV["ref"])
+  want, stored = fedcurv_reference(FEDCURV["ref"]["lam"])
   _assert_trees_close(server.params, want)
   # Per-client state = the client's last contribution; never-sampled clients hold zeros.
   for i in range(4):
@@ -347,13 +367,8 @@ def test_fedcurv_equals_python_loop(strategy):
 
 def test_fedcurv_penalty_is_active():
   """λ > 0 changes training vs λ = 0 in the reference (so the comparison above tests it)."""
-  data, model = _DATA["pool4"]
-  ref = dict(FEDCURV["ref"])
-  with_pen, _ = reference_fedcurv(model, data, model.init(0), rounds=3, cohort=3,
-                                  key=jax.random.key(0), **ref)
-  ref["lam"] = 0.0
-  without, _ = reference_fedcurv(model, data, model.init(0), rounds=3, cohort=3,
-                                 key=jax.random.key(0), **ref)
+  with_pen, _ = fedcurv_reference(FEDCURV["ref"]["lam"])
+  without, _ = fedcurv_reference(0.0)
   assert _max_abs_diff(with_pen, without) > 1e-4
 
 
@@ -384,29 +399,35 @@ def test_fishr_protocol_equals_jax_grad_of_penalty():
   data, model = _DATA["tiny"]
   params = model.init(0)
   comp = fedilc.fishr_component(1.0)
-  mask = np.asarray(data.mask())
 
-  def direct(p):  # vmap over the clients' full (padded, masked) data
-    def var(x, y, w):
-      z = model.features(p, x)
-      return penalties.per_sample_classifier_grad_variance(z, model.classify(p, z), y, w)
-    return penalties.fishr_penalty(jax.vmap(var)(data.x, data.y, jnp.asarray(mask)))
-
-  want_value, want_grad = jax.value_and_grad(direct)(params)
-  ctx = Context(params=params, round=jnp.int32(0), extras={"fishr": comp.init_server(params)},
-                client={}, num_clients=jnp.float32(5), cohort=jnp.float32(5))
+  want_value, want_grad = jax.jit(jax.value_and_grad(
+      lambda p: _fishr_loss(model, p, data.x, data.y, data.mask())))(params)
   key = jax.random.key(0)
-  datas = [(data.x[i], data.y[i], data.n[i]) for i in range(5)]
-  pre = [comp.pre_message(model, "binary", params, d, ctx, key) for d in datas]
-  stats = tmap(lambda *a: sum(a), *[comp.pre_aggregator.lift(m, data.n[i].astype(jnp.float32))
-                                    for i, m in enumerate(pre)])
-  state = comp.pre_update(ctx.extras["fishr"], comp.pre_aggregator.finalize(stats), ctx)
+
+  def ctx_with(state):
+    return Context(params=params, round=jnp.int32(0), extras={"fishr": state}, client={},
+                   num_clients=jnp.float32(5), cohort=jnp.float32(5))
+
+  @jax.jit
+  def protocol(p, x, y, n):
+    """Clients send v_e (client weights n_e must not matter: uniform mean), the server
+    stores v̄, clients send their VJPs, the server averages them."""
+    def summed(agg, msg_fn):
+      lifted = jax.vmap(lambda x, y, n: agg.lift(msg_fn(x, y, n), n.astype(jnp.float32)))(
+          x, y, n)
+      return agg.finalize(tmap(lambda a: jnp.sum(a, axis=0), lifted))
+
+    ctx = ctx_with(comp.init_server(p))
+    mean = summed(comp.pre_aggregator,
+                  lambda x, y, n: comp.pre_message(model, "binary", p, (x, y, n), ctx, key))
+    state = comp.pre_update(ctx.extras["fishr"], mean, ctx)
+    ctx = ctx_with(state)
+    return state, summed(comp.aggregator, lambda x, y, n: comp.message(
+        model, "binary", p, p, (x, y, n), ctx, key, 1, 1.0)[0])
+
+  state, got = protocol(params, data.x, data.y, data.n)
+  ctx = ctx_with(state)
   np.testing.assert_allclose(float(state["penalty"]), float(want_value), rtol=1e-3)
-  ctx = ctx.replace(extras={"fishr": state})
-  vjps = [comp.message(model, "binary", params, params, d, ctx, key, 1, 1.0)[0]
-          for d in datas]
-  stats = tmap(lambda *a: sum(a), *[comp.aggregator.lift(m, jnp.float32(7.0)) for m in vjps])
-  got = comp.aggregator.finalize(stats)
   _assert_trees_close(got, want_grad, rtol=1e-4, atol=1e-7)
   # The featurizer receives a nonzero Fishr gradient (C_e depends on the features).
   feat_norm = sum(float(jnp.sum(a * a)) for a in jax.tree.leaves(got["featurizer"]))
@@ -452,17 +473,25 @@ def test_intra_geo_per_example_equals_groups_of_one():
   n = int(data.n[2])  # 20 real examples, padded to 50
   batch = Batch(x=data.x[2], y=data.y[2], w=jnp.asarray(data.mask()[2]))
   key = jax.random.key(0)
-  per_ex = fedilc.intra_geo_component(None, chunk=6).grad_estimator(vg, params, batch, ctx, key)
-  groups = fedilc.intra_geo_component(n, chunk=6).grad_estimator(vg, params, batch, ctx, key)
-  np.testing.assert_allclose(float(per_ex[0]), float(vg(params, batch, key)[0]), rtol=1e-5)
+
+  @jax.jit
+  def estimates(p, b):
+    est = lambda groups, chunk=64: fedilc.intra_geo_component(groups, chunk).grad_estimator(  # noqa: E731
+        vg, p, b, ctx, key)
+    negative = fedilc.intra_geo_component(None, 64, "negative").grad_estimator(
+        vg, p, b, ctx, key)
+    return est(None, 6), est(n, 6), est(n + 7), est(1), vg(p, b, key), negative
+
+  per_ex, groups, more, one, plain, negative = estimates(params, batch)
+  # The ReLU MLP's per-example gradients have exact zeros, so the conventions differ.
+  assert _max_abs_diff(per_ex[1], negative[1]) > 1e-6
+  np.testing.assert_allclose(float(per_ex[0]), float(plain[0]), rtol=1e-5)
   np.testing.assert_allclose(float(groups[0]), float(per_ex[0]), rtol=1e-5)
   _assert_trees_close(groups[1], per_ex[1], rtol=1e-5, atol=1e-8)
   # More groups than examples: empty groups are not environments.
-  more = fedilc.intra_geo_component(n + 7).grad_estimator(vg, params, batch, ctx, key)
   _assert_trees_close(more[1], per_ex[1], rtol=1e-5, atol=1e-8)
   # One group = the plain mean gradient (a geometric mean of one value is that value).
-  one = fedilc.intra_geo_component(1).grad_estimator(vg, params, batch, ctx, key)
-  _assert_trees_close(one[1], vg(params, batch, key)[1], rtol=1e-5, atol=1e-8)
+  _assert_trees_close(one[1], plain[1], rtol=1e-5, atol=1e-8)
 
 
 # ---------------------------------------------------------------------------------------

@@ -27,21 +27,25 @@ AGGREGATORS = ("mean", "geometric", "gma", "and_mask")
 
 @dataclasses.dataclass(frozen=True)
 class Entry:
+  """A registered algorithm. ``fixed``: common knobs the algorithm sets itself (e.g.
+  FedSGD's client recipe); a task's defaults for them are not passed to the factory."""
   name: str
   factory: Callable[..., Algorithm]
   paper: str
   summary: str
+  fixed: tuple = ()
 
 
 _REGISTRY: dict[str, Entry] = {}
+FEDSGD_FIXED = ("client_lr", "local_steps", "client_optimizer", "weight_decay")
 
 
-def register(name: str, paper: str, summary: str):
+def register(name: str, paper: str, summary: str, fixed: tuple = ()):
   """Decorator: registers ``factory`` under ``name`` (the paper's name for the method)."""
   def deco(factory):
     if name in _REGISTRY:
       raise ValueError(f"algorithm {name!r} is registered twice.")
-    _REGISTRY[name] = Entry(name, factory, paper, summary)
+    _REGISTRY[name] = Entry(name, factory, paper, summary, tuple(fixed))
     return factory
   return deco
 

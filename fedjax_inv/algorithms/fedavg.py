@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_inv import penalties
-from fedjax_inv.algorithms.base import build, register, uniform_mean
+from fedjax_inv.algorithms.base import FEDSGD_FIXED, build, register, uniform_mean
 from fedjax_inv.core.algorithm import Component
 
 
@@ -19,7 +19,8 @@ def fedavg(**kw):
 
 
 @register("fedsgd", paper="McMahan et al. 2017 (FedSGD); FedILC §5 baseline",
-          summary="one full-batch gradient per client per round, server SGD step")
+          summary="one full-batch gradient per client per round, server SGD step",
+          fixed=FEDSGD_FIXED)
 def fedsgd(server_lr: float = 0.1, batch_size=None, server_optimizer: str = "sgd", **kw):
   """FedSGD: each client sends its full-batch gradient at ``w_t`` (one local step of
   ``sgd(1.0)``, so the pseudo-gradient *is* the gradient); the server steps

@@ -65,9 +65,6 @@ SERVER_OPTIMIZERS = ("adamw", "adam", "sgd")
 ZEROS = ("both", "negative")
 WEIGHTINGS = ("num_examples", "uniform")
 
-# FedILC §5.1.1 (Color-MNIST): Adam, lr 3e-4, weight decay 0.01, λ = 15.
-COLOR_MNIST_DEFAULTS = dict(server_optimizer="adamw", server_lr=3e-4, weight_decay=0.01,
-                            fishr_lambda=15.0)
 _FEDSGD_FIXED = ("client_lr", "local_steps", "client_optimizer")
 
 
@@ -299,6 +296,8 @@ def fishr_component(fishr_lambda: float) -> Component:
     return g, None
 
   def server_update(state, mean_vjp, pseudo_grad, ctx):
+    if lam == 0.0:  # exactly the pseudo-gradient (even if a VJP were not finite)
+      return state, pseudo_grad
     return state, jax.tree.map(lambda p, g: p + lam * g, pseudo_grad, mean_vjp)
 
   return Component(name="fishr", init_server=init_server, pre_message=pre_message,
@@ -343,8 +342,9 @@ def intra_geo_component(groups: int | None = None, chunk: int = 64,
   log offset). Note that per-example gradients of ReLU networks have many exact zeros
   (inactive units, zero input pixels).
 
-  Shapes: ``grads`` has the parameters' structure; memory ``O(chunk × parameters)``
-  (per-example) or ``O(m × batch activations)`` (groups).
+  Shapes: ``grads`` has the parameters' structure; memory per client
+  ``O(chunk × parameters)`` (per-example) or ``O(m × batch activations)`` (groups) —
+  times the cohort under the 'vmap' strategy.
 
   Raises:
     ValueError: ``groups`` not None / a positive int; ``chunk`` not a positive int;
@@ -417,6 +417,9 @@ def diagonal_fisher(model, kind: str, params: PyTree, x, y, n, chunk: int = 64) 
 
   Returns:
     Pytree shaped like ``params``, entries ``>= 0`` (units: loss² / parameter²).
+
+  Raises:
+    ValueError: unknown ``kind`` (from ``losses.per_example_loss``, while tracing).
 
   Source: Shoham et al. 2019 §3-4 (diag(I_{t,j}), the Fisher of EWC, Kirkpatrick et al.
   2017).
@@ -677,7 +680,16 @@ def fishr_intra_arith(*, fishr_lambda: float = 15.0, server_optimizer: str = "ad
 
   The arithmetic-mean comparison of FedILC §5: the client gradient is its examples'
   arithmetic mean gradient (FedSGD), client gradients are averaged weighted by client size
-  (``weighting``), plus the Fishr term of ``fishr_component``.
+  (``weighting``), plus the Fishr term of ``fishr_component``. With ``fishr_lambda=0`` it
+  is FedSGD with FedILC's server optimizer.
+
+  Args:
+    fishr_lambda: ``λ >= 0``.
+    server_optimizer, server_lr, weight_decay, b1, b2, eps, batch_size, weighting: as
+      ``geometric``.
+
+  Returns:
+    ``Algorithm`` (``hparams`` records every value).
 
   Raises:
     ValueError: as ``fishr_inter_geo``.

@@ -26,17 +26,21 @@ Where ``r(z|y)`` lives (``r_mode``):
     optimizer (the gradient w.r.t. the offset is the gradient w.r.t. ``r``); after local
     training the client stores ``r_k ← r_k + (θ_ref − θ_ref,t)``, and the server zeroes
     the pseudo-gradient of ``'reference'`` so the global copy never moves and is never
-    averaged. Decoupled weight decay (``client_optimizer='adam'`` with
-    ``weight_decay > 0``) would decay the global copy instead of ``r_k`` and is rejected;
-    coupled decay (sgd/momentum) is corrected exactly through ``correct_grad``.
+    averaged. Weight decay: coupled decay (client optimizer 'sgd'/'momentum') would
+    decay the offset instead of ``r_k``; ``correct_grad`` adds ``wd·(r_k − θ_ref,t)`` so
+    ``r_k`` is decayed exactly. Decoupled decay (AdamW, ``client_optimizer='adam'`` with
+    ``weight_decay > 0``) cannot be corrected through the gradient, so the registered
+    factories exclude ``'reference'`` from AdamW's decay mask in local mode (``r_k`` is
+    then not weight-decayed; the official code, with coupled decay, decays it).
   * ``'averaged'``: ``r`` is an ordinary model parameter, trained by the clients and
     averaged by the server like every other parameter.
 
 Message protocol of one round (local mode): the server broadcasts ``w_t`` (its
 ``'reference'`` entry is a constant placeholder); client ``k`` trains ``w`` and its own
-``r_k`` jointly for K local steps, sends ``Δ_k = w_t − w_k`` (the ``'reference'`` part is
-discarded by the server) and keeps ``r_k`` locally; nothing about ``r_k`` leaves the
-client.
+``r_k`` jointly for K local steps, sends ``Δ_k = w_t − w_k`` and keeps ``r_k`` locally.
+The ``'reference'`` part of ``Δ_k`` (this round's change of ``r_k``) rides along in the
+simulated message only because it is part of the parameter pytree; the server discards
+it (a deployment would not send it).
 
 Defaults and sources: ``z_dim=64`` (FedSR §4.2, RotatedMNIST; the official code's default
 is 512 for ResNet18), ``alpha_l2r=1e-2`` and ``alpha_cmi=5e-4`` (the official code's
@@ -56,6 +60,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import optax
 from flax import nnx
 
 from fedjax_inv import penalties
@@ -234,8 +239,7 @@ def fedsr_component(alpha_l2r: float = 1e-2, alpha_cmi: float = 5e-4,
   Raises:
     ValueError: negative or non-finite coefficients or ``sigma_min <= 0``;
       ``mc_samples`` not a positive int; ``r_mode`` not in ('local', 'averaged');
-      ``alpha_cmi > 0`` with ``probabilistic=False`` (the KL needs ``p(z|x)``);
-      ``r_mode='local'`` with ``client_optimizer='adam'`` and ``weight_decay > 0``.
+      ``alpha_cmi > 0`` with ``probabilistic=False`` (the KL needs ``p(z|x)``).
       At trace time: the CMI term or the probabilistic head on a 'regression' task.
 
   Source: FedSR §3.3 eq. 9-11, 17-18; official code (``methods/FedSR.py``).
@@ -263,11 +267,6 @@ def fedsr_component(alpha_l2r: float = 1e-2, alpha_cmi: float = 5e-4,
     raise ValueError(f"alpha_cmi={alpha_cmi} needs probabilistic=True: the CMI term is a "
                      "KL divergence of p(z|x) (FedSR §3.3.2).")
   local = use_cmi and r_mode == "local"
-  if local and client_optimizer == "adam" and weight_decay > 0:
-    raise ValueError(
-        "r_mode='local' with client_optimizer='adam' and weight_decay>0 would decay the "
-        "server's placeholder copy of r(z|y) instead of the client's own r; use "
-        "r_mode='averaged', weight_decay=0, or client_optimizer 'sgd'/'momentum'.")
 
   def forward(model, params, x, key):
     mu, sigma = gaussian_params(model, params, x, sigma_min)
@@ -318,9 +317,12 @@ def fedsr_component(alpha_l2r: float = 1e-2, alpha_cmi: float = 5e-4,
       return state, {**pseudo_grad,
                      REFERENCE: jax.tree.map(jnp.zeros_like, pseudo_grad[REFERENCE])}
 
-    hooks.update(init_client=init_client, message=message, server_update=server_update,
+    # init_server: an empty server state keeps ServerState's pytree structure fixed
+    # across rounds (server_update writes ``extras['fedsr']``), so the round compiles once.
+    hooks.update(init_server=lambda params: (), init_client=init_client, message=message,
+                 server_update=server_update,
                  aggregator=Aggregator(lambda m, w: (), lambda s: None, "none"))
-    if weight_decay > 0:
+    if weight_decay > 0 and client_optimizer in ("sgd", "momentum"):
       # Coupled decay adds wd·θ_ref; the client's r is θ_ref + (r_k − θ_ref,t), so add
       # the constant wd·(r_k − θ_ref,t) to decay r_k itself.
       def correct_grad(grads, ctx):
@@ -335,6 +337,19 @@ def fedsr_component(alpha_l2r: float = 1e-2, alpha_cmi: float = 5e-4,
 # ---------------------------------------------------------------------------------------
 # Registered algorithms
 # ---------------------------------------------------------------------------------------
+
+
+def _decay_mask(params):
+  """AdamW decay mask: every parameter except the reference ``r(z|y)``."""
+  return {k: jax.tree.map(lambda _: k != REFERENCE, v) for k, v in params.items()}
+
+
+def _reject_fixed(name, kw, fixed):
+  """ValueError for hyperparameters a variant fixes (instead of a duplicate-kwarg error)."""
+  bad = sorted(set(kw) & set(fixed))
+  if bad:
+    raise ValueError(f"{name} fixes {', '.join(f'{k}={fixed[k]!r}' for k in bad)}; use "
+                     "'fedsr' to set them.")
 
 
 def _build(name, *, alpha_l2r, alpha_cmi, z_dim, mc_samples, l2r_squared, r_mode,
@@ -355,6 +370,12 @@ def _build(name, *, alpha_l2r, alpha_cmi, z_dim, mc_samples, l2r_squared, r_mode
     hp["mc_samples"] = int(mc_samples)
   if with_ref:
     hp["r_mode"] = r_mode
+  if with_ref and r_mode == "local" and alg.hparams["client_optimizer"] == "adam" \
+      and alg.hparams["weight_decay"] > 0:
+    # AdamW's decoupled decay would act on the offset; keep r_k out of it (module doc).
+    alg = alg.replace(client_optimizer=optax.adamw(
+        alg.client_lr, weight_decay=alg.hparams["weight_decay"], mask=_decay_mask))
+    hp["reference_weight_decay"] = False
   transform = lambda m: fedsr_model(m, int(z_dim), probabilistic, with_ref)  # noqa: E731
   return alg.replace(model_transform=transform, hparams=hp)
 
@@ -384,6 +405,7 @@ def fedsr(alpha_l2r: float = 1e-2, alpha_cmi: float = 5e-4, z_dim: int = 64,
     ValueError: see :func:`fedsr_component`; ``z_dim`` not a positive int; unknown
       keyword.
   """
+  _reject_fixed("fedsr", kw, dict(probabilistic=True))
   return _build("fedsr", alpha_l2r=alpha_l2r, alpha_cmi=alpha_cmi, z_dim=z_dim,
                 mc_samples=mc_samples, l2r_squared=l2r_squared, r_mode=r_mode,
                 probabilistic=True, sigma_min=sigma_min, local_steps=local_steps,
@@ -403,6 +425,7 @@ def fedl2r(alpha_l2r: float = 1e-2, z_dim: int = 64, probabilistic: bool = False
   Raises:
     ValueError: see :func:`fedsr`.
   """
+  _reject_fixed("fedl2r", kw, dict(alpha_cmi=0.0, r_mode=None))
   return _build("fedl2r", alpha_l2r=alpha_l2r, alpha_cmi=0.0, z_dim=z_dim,
                 mc_samples=mc_samples, l2r_squared=l2r_squared, r_mode="local",
                 probabilistic=probabilistic, sigma_min=sigma_min,
@@ -420,6 +443,7 @@ def fedcmi(alpha_cmi: float = 5e-4, z_dim: int = 64, mc_samples: int = 20,
   Raises:
     ValueError: see :func:`fedsr`.
   """
+  _reject_fixed("fedcmi", kw, dict(alpha_l2r=0.0, l2r_squared=None, probabilistic=True))
   return _build("fedcmi", alpha_l2r=0.0, alpha_cmi=alpha_cmi, z_dim=z_dim,
                 mc_samples=mc_samples, l2r_squared=True, r_mode=r_mode,
                 probabilistic=True, sigma_min=sigma_min, local_steps=local_steps,

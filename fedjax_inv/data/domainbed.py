@@ -250,10 +250,12 @@ def load_domainbed(dataset: str, data_dir=None, *, source: str = "auto",
       result = _load_tfds_domainnet(data_dir, int(image_size), max_images_per_domain, seed)
     except Exception as e:  # pylint: disable=broad-except
       reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-      msg = (f"domainnet: no prepared tfds 'domainnet' dataset ({reason}); "
-             f"expected {_layout('domainnet')}, or a prepared tfds folder.")
-      if folder_error is not None:
-        msg = f"{folder_error} Also: {msg}"
+      where = "the default tfds data dir" if data_dir is None else f"'{data_dir}'"
+      msg = (f"no prepared tfds 'domainnet' dataset (array_record format) in {where} "
+             f"({reason})")
+      msg = (f"{folder_error} Also {msg}." if folder_error is not None else
+             f"domainnet: {msg}; prepare it with tfds (file_format=array_record) or use "
+             f"the image folders: {_layout('domainnet')}.")
       raise FileNotFoundError(msg) from e
   _CACHE.clear()
   _CACHE[key] = result

@@ -399,8 +399,20 @@ def train_val_split(n: int, val_fraction: float, rng: np.random.Generator
 
 
 def subsample(n: int, size, rng: np.random.Generator, what: str) -> np.ndarray:
-  """``size`` random indices of ``range(n)`` (all of them, in order, when ``size`` is
-  None). Raises ValueError when ``size`` is not in ``1..n`` (names ``what``)."""
+  """Seeded random subset of ``range(n)`` (for quick runs on part of a dataset).
+
+  Args:
+    n: population size.
+    size: how many to keep (``1..n``), or None for all of them in order.
+    rng: ``numpy.random.Generator`` (one draw without replacement when ``size`` is set).
+    what: the caller's argument name, used in the error message.
+
+  Returns:
+    sorted int64 ``[size]`` (or ``[n]``) indices.
+
+  Raises:
+    ValueError: ``size`` is not an integer in ``1..n`` (names ``what``).
+  """
   if size is None:
     return np.arange(n, dtype=np.int64)
   if int(size) != size or not 1 <= size <= n:
@@ -410,8 +422,12 @@ def subsample(n: int, size, rng: np.random.Generator, what: str) -> np.ndarray:
 
 
 def to_float_images(x: np.ndarray) -> np.ndarray:
-  """uint8 ``[n, H, W]`` or ``[n, H, W, C]`` in 0..255 → float32 channels-last
-  ``[n, H, W, C]`` in ``[0, 1]`` (``C = 1`` added for grayscale)."""
+  """Task image format: uint8 ``[n, H, W]`` or ``[n, H, W, C]`` in 0..255 → float32
+  channels-last ``[n, H, W, C]`` in ``[0, 1]`` (``C = 1`` added for grayscale).
+
+  Raises:
+    ValueError: an array of another rank.
+  """
   x = np.asarray(x)
   if x.ndim == 3:
     x = x[..., None]
@@ -506,7 +522,9 @@ def _noniid_task(name, data_dir, source, download, seed, num_clients, partition,
   info = {
       "paper": "FedGMA §5.1 (client sample test, non-i.i.d. over 10 clients)",
       "dataset_source": ds.source,
-      "data_note": ds.note,
+      "data_note": (f"{dataset} over {num_clients} clients ({partition} partition), "
+                    f"{sum(len(y) for _, y in d['train']):,} training / "
+                    f"{len(d['test'][1]):,} test images; {ds.note}"),
       "partition": partition,
       "alpha": float(alpha) if partition == "dirichlet" else None,
       "k": int(k) if partition == "k_classes" else None,

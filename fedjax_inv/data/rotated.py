@@ -102,7 +102,14 @@ def rotate_images(images, angles, chunk_size: int = 2048) -> np.ndarray:
 
 
 def resolve_holdout(holdout, names: Sequence[str]) -> int:
-  """Index of the held-out domain: an int index ``0..M-1`` or a domain name.
+  """Index of the held-out domain for leave-one-domain-out (DomainBed protocol).
+
+  Args:
+    holdout: an int index ``0..M-1`` or a domain name from ``names`` (bools rejected).
+    names: the ``M`` domain names, in order.
+
+  Returns:
+    the domain index (int).
 
   Raises:
     ValueError: anything else (the message lists the valid indices and names).
@@ -373,11 +380,20 @@ def distinct_colors(count: int, rng: np.random.Generator, min_dist: float = 0.3,
   Rejection sampling with bound ``min_dist``; if ``tries`` draws do not suffice, the bound
   is halved and sampling restarts.
 
+  Args:
+    count: number of colors.
+    rng: ``numpy.random.Generator``.
+    min_dist: requested minimum pairwise distance (RGB units, ``[0, 1]`` per channel).
+    tries: draws per attempt before the bound is halved.
+
   Returns:
     ``(colors float32 [count, 3], bound used)``.
 
   Raises:
     ValueError: ``count < 1`` or ``min_dist <= 0``.
+
+  Source: our construction of FedGMA §5.2's client-specific colors (the paper gives no
+  palette); distinct colors make "unseen at any training client" hold by construction.
   """
   if count < 1 or min_dist <= 0:
     raise ValueError(f"count={count}, min_dist={min_dist}; need count >= 1, min_dist > 0.")
@@ -654,7 +670,11 @@ def _fed_shift_task(name, kind, data_dir, source, download, seed, num_clients, p
     return [np.asarray(c).tolist() for c in v] if kind == "color" else list(v)
 
   info = {
-      "paper": "FedGMA §5.2", "dataset_source": ds.source, "data_note": ds.note,
+      "paper": "FedGMA §5.2", "dataset_source": ds.source,
+      "data_note": (f"{'FedCMNIST' if kind == 'color' else 'FedRotMNIST'}: "
+                    f"{num_clients} training clients ({partition} partition), "
+                    f"{len(d['test'])} OOD test clients with unseen "
+                    f"{'colors' if kind == 'color' else 'angles'}; {ds.note}"),
       "partition": partition, "k": int(k) if partition == "quantity" else None,
       "alpha": float(alpha) if partition == "dirichlet" else None,
       "client_sizes": [len(y) for _, y in d["train"]],

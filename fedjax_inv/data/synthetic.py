@@ -246,8 +246,11 @@ def linear_regression(data_dir=None, source="auto", download=False, seed=0,
   Choices where the paper is silent: ``d_inv = d_spu = 5`` (Aubin et al.'s default),
   ``σ_n = noise_std = 1``, ``W`` entries with variance ``1/d_inv``.
   Model: MLP with one 30-unit hidden layer (paper).
-  Defaults: full-batch Adam (lr 1e-3), one local step per round, 1,000 rounds (paper:
-  6,000 rounds, IRM penalty after round 3,000).
+  Defaults: full-batch SGD (lr 0.01), 5 local steps per round, 1,000 rounds (paper: Adam,
+  6,000 rounds, IRM penalty after round 3,000). Clients start every round with a fresh
+  optimizer state, so one Adam step per round is a sign step of size lr; on this task
+  that stalls above the least-squares error, while the SGD recipe reaches a training MSE
+  near the paper's (about 3 after 1,000 rounds with seed 0).
 
   Raises:
     ValueError: bad sizes or standard deviations.
@@ -289,5 +292,5 @@ def linear_regression(data_dir=None, source="auto", download=False, seed=0,
   }
   model = models.mlp(int(d_inv) + int(d_spu), tuple(hidden), 1)
   return Task("linear_regression", "regression", train, eval_sets, model, info,
-              defaults=dict(rounds=1000, eval_every=50, local_steps=1, batch_size=None,
-                            client_optimizer="adam", client_lr=1e-3, weight_decay=0.0))
+              defaults=dict(rounds=1000, eval_every=50, local_steps=5, batch_size=None,
+                            client_optimizer="sgd", client_lr=0.01, weight_decay=0.0))

@@ -36,7 +36,6 @@ import os
 import pathlib
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx

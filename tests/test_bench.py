@@ -1,0 +1,168 @@
+"""The benchmark harness: its baseline loop equals the engine, its FLOP counter is exact on
+closed forms, and `fedjax-inv bench` writes a ratio_vs_loop per row."""
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fedjax_inv import bench
+from fedjax_inv.algorithms import make_algorithm
+from fedjax_inv.cli import main
+from fedjax_inv.core import engine
+
+
+def _leaves(*trees):
+  return [np.asarray(l) for l in jax.tree.leaves(trees)]
+
+
+@pytest.mark.parametrize("name, kw", [
+    ("fedavg", dict(client_lr=0.1, local_steps=3, batch_size=8)),
+    ("scaffold", dict(client_lr=0.1, local_steps=2, batch_size=8)),  # per-client state
+    ("fediir", dict(client_lr=0.1, local_steps=2, batch_size=8)),    # pre-stage
+])
+def test_loop_baseline_equals_engine(tiny_binary, name, kw):
+  """The Python loop over a jitted client update is the same algorithm as the engine:
+  same sampled clients, minibatches, messages, state and server step."""
+  data, model = tiny_binary
+  alg = make_algorithm(name, **kw)
+  key = jax.random.key(3)
+  rf = engine.build_round(model, "binary", alg, 5, 4, execution="scan")
+  loop = bench.build_loop_round(model, "binary", alg, 5, 4)
+  s1, c1 = engine.init_state(alg, model.init(0), 5)
+  s2, c2 = engine.init_state(alg, model.init(0), 5)
+  assert loop.compile(s2, c2, data, key) > 0
+  p0 = _leaves(s1.params)
+  for _ in range(2):
+    s1, c1, m1 = rf(s1, c1, data, key)
+    s2, c2, m2 = loop(s2, c2, data, key)
+  np.testing.assert_array_equal(np.asarray(m1["clients"]), np.asarray(m2["clients"]))
+  for a, b in zip(_leaves(s1.params, s1.extras, c1), _leaves(s2.params, s2.extras, c2)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(float(m1["train_loss"]), float(m2["train_loss"]), rtol=1e-5)
+  assert max(float(np.max(np.abs(a - b))) for a, b in zip(_leaves(s1.params), p0)) > 1e-3
+
+
+def test_loop_rejects_bad_cohort(tiny_binary):
+  data, model = tiny_binary
+  with pytest.raises(ValueError, match="clients_per_round=6"):
+    bench.build_loop_round(model, "binary", make_algorithm("fedavg"), 5, 6)
+
+
+def test_count_flops_closed_forms():
+  m, k, n = 8, 16, 4
+  a, b = jnp.ones((m, k)), jnp.ones((k, n))
+  assert bench.count_flops(jnp.dot, a, b) == 2 * m * k * n
+  xla = jax.jit(jnp.dot).lower(a, b).compile().cost_analysis()
+  xla = xla[0] if isinstance(xla, (list, tuple)) else xla
+  assert xla["flops"] == 2 * m * k * n
+
+  def looped(a, w):  # 7 x ([m,k] @ [k,k] then tanh) under scan
+    return jax.lax.scan(lambda c, _: (jnp.tanh(c @ w), None), a, None, length=7)[0]
+  w = jnp.ones((k, k))
+  want = 7 * (2 * m * k * k + m * k)
+  assert bench.count_flops(looped, a, w) == want
+  # XLA's cost analysis counts the loop body once: the harness must not rely on it.
+  ca = jax.jit(looped).lower(a, w).compile().cost_analysis()
+  ca = ca[0] if isinstance(ca, (list, tuple)) else ca
+  assert ca["flops"] < want
+
+  # convolution: 2 * |out| * C_in * kh * kw
+  x = jnp.ones((2, 8, 8, 3))
+  w = jnp.ones((3, 3, 3, 5))
+  conv = lambda x, w: jax.lax.conv_general_dilated(  # noqa: E731
+      x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+  assert bench.count_flops(conv, x, w) == 2 * (2 * 8 * 8 * 5) * 3 * 3 * 3
+  # vmap folds into the batch dimension of dot_general
+  assert bench.count_flops(jax.vmap(jnp.dot), jnp.ones((5, m, k)),
+                           jnp.ones((5, k, n))) == 5 * 2 * m * k * n
+
+
+def test_engine_and_loop_count_the_same_work(tiny_binary):
+  data, model = tiny_binary
+  alg = make_algorithm("fedavg", client_lr=0.1, local_steps=3, batch_size=8)
+  key = jax.random.key(0)
+  s, c = engine.init_state(alg, model.init(0), 5)
+  per_strategy = [bench.count_flops(engine.build_round(model, "binary", alg, 5, 4,
+                                                       execution=st, jit=False),
+                                    s, c, data, key)
+                  for st in ("vmap", "scan", "chunked")]
+  # the same model work; only the summation of client statistics differs slightly
+  assert max(per_strategy) == pytest.approx(min(per_strategy), rel=0.02)
+  loop = bench.build_loop_round(model, "binary", alg, 5, 4)
+  loop.compile(s, c, data, key)
+  assert loop.flop_parts(s, c, data, key) == pytest.approx(per_strategy[0], rel=0.01)
+  # 4 clients x 3 steps x (forward + backward >= 2 forward matmuls of a 6-8-1 MLP on 8
+  # examples) is the bulk of the work
+  forward = 2 * 8 * (6 * 8 + 8 * 1)
+  assert 4 * 3 * 2 * forward < per_strategy[0] < 4 * 3 * 6 * forward
+
+
+def test_summary_and_peer_merge_compute_ratios():
+  def row(impl, C, t, workload="mlp_fedavg", source="fedjax_inv"):
+    return dict(workload=workload, impl=impl, clients=C, round_s=t, source=source,
+                ratio_vs_loop=None)
+  rows = [row("loop", 1000, 2.0), row("auto", 1000, 1.0), row("loop", 10, 0.1),
+          row("auto", 10, 0.2), row("auto", 1000, 1.2, "mlp_fishr_inter_geo")]
+  for C in (10, 1000):
+    loop = next(r for r in rows if r["impl"] == "loop" and r["clients"] == C)
+    for r in rows:
+      if r["clients"] == C and r["workload"] == "mlp_fedavg":
+        r["ratio_vs_loop"] = loop["round_s"] / r["round_s"]
+  merged = bench.merge_peers(rows, [dict(row("torch 2.13.0 loop", 1000, 6.0,
+                                             source="peer"))])
+  peer = merged[-1]
+  assert peer["ratio_vs_loop"] == pytest.approx(2.0 / 6.0)
+  s = bench.summarize(merged)
+  assert s["auto_vs_loop_at_1000"] == pytest.approx(2.0)
+  assert s["auto_vs_loop_min"] == pytest.approx(0.5)
+  assert s["auto_vs_torch_loop"][1000] == pytest.approx(6.0)
+  assert s["fishr_inter_geo_vs_fedavg"][1000] == pytest.approx(1.2)
+
+
+def test_run_peers_reports_a_missing_environment(tmp_path):
+  rows, notes = bench.run_peers(str(tmp_path / "no-python"), [10], 1, 2, timeout_s=5)
+  assert rows == [] and "setup.sh" in notes[0]
+
+
+def test_cli_bench_writes_rows_with_ratio_vs_loop(tmp_path, capsys):
+  out = tmp_path / "bench.json"
+  png = tmp_path / "t.png"
+  rc = main(["bench", "--workloads", "mlp", "--clients", "4,8", "--impls",
+             "loop,auto,vmap", "--rounds", "2", "--warmup", "1", "--no-matmul-peak",
+             "--json", str(out), "--plot", str(png)])
+  assert rc == 0
+  payload = json.loads(out.read_text())
+  rows = payload["rows"]
+  assert {(r["impl"], r["clients"]) for r in rows} == {
+      (i, c) for i in ("loop", "auto", "vmap") for c in (4, 8)}
+  for r in rows:
+    assert r["ratio_vs_loop"] > 0 and r["round_s"] > 0 and r["rounds_timed"] == 2
+    assert r["round_s_min"] <= r["round_s"] <= r["round_s_max"]
+    assert r["client_updates_per_s"] == pytest.approx(r["clients"] / r["round_s"])
+    assert r["gflop_per_round"] > 0
+  for C in (4, 8):
+    loop = next(r for r in rows if r["impl"] == "loop" and r["clients"] == C)
+    auto = next(r for r in rows if r["impl"] == "auto" and r["clients"] == C)
+    assert loop["ratio_vs_loop"] == 1.0
+    assert auto["strategy"] == engine.resolve_strategy("auto", C)
+    # FLOPs per round scale with the cohort
+  f4, f8 = (next(r for r in rows if r["impl"] == "vmap" and r["clients"] == C)
+            ["gflop_per_round"] for C in (4, 8))
+  assert f8 == pytest.approx(2 * f4, rel=0.05)
+  assert payload["meta"]["jax"] == jax.__version__
+  assert png.stat().st_size > 1000
+  text = capsys.readouterr().out
+  assert "ratio" in text and "mlp_fedavg" in text
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--impls", "loop,gpu"], "--impls 'gpu'"),
+    (["--clients", "0"], "--clients 0"),
+    (["--workloads", "resnet"], "--workloads 'resnet'"),
+    (["--rounds", "0"], "--rounds 0"),
+])
+def test_cli_bench_rejects_bad_flags(argv, match, capsys):
+  assert main(["bench", "--no-matmul-peak"] + argv) == 2
+  assert match in capsys.readouterr().err

@@ -1,0 +1,211 @@
+"""Leave-one-domain-out runner: model selection, equality with direct runs, tables, outputs,
+validation before training. Uses a tiny Gaussian domain task registered here."""
+import csv
+import io
+import json
+
+import numpy as np
+import pytest
+
+from fedjax_inv import models
+from fedjax_inv.algorithms import make_algorithm
+from fedjax_inv.core import simulation
+from fedjax_inv.core.data import from_client_arrays
+from fedjax_inv.data.domainbed import build_domain_task
+from fedjax_inv.eval import lodo
+from fedjax_inv.tasks import Task, make_task, register_task, task_registry
+
+DOMAINS = ["d0", "d1", "d2"]
+TASK = "_test_gaussian_domains"
+DEFAULTS = dict(rounds=4, eval_every=1, local_steps=2, batch_size=16,
+                client_optimizer="sgd", client_lr=0.2, weight_decay=0.0)
+
+
+def _gaussian_domains(holdout=0, val_fraction=0.25, seed=0, data_dir=None, source="auto",
+                      download=False, shift=1.5):
+  """3 domains; label = sign of x0 + noise; domain d shifts dims 1..3 by d * shift and
+  flips a spurious feature's correlation with the label."""
+  rng = np.random.default_rng(100)  # data fixed; the split uses `seed`
+  doms = []
+  for d in range(len(DOMAINS)):
+    n = 40 + 10 * d
+    y = rng.integers(0, 2, n).astype(np.int32)
+    x = rng.normal(size=(n, 4)).astype(np.float32)
+    x[:, 0] += 1.5 * (2 * y - 1)
+    x[:, 1:] += d * shift
+    x[:, 3] += (1 - d) * (2 * y - 1)
+    doms.append((x, y))
+  return build_domain_task(TASK, doms, DOMAINS, holdout=holdout, val_fraction=val_fraction,
+                           seed=seed, model=models.mlp(4, (8,), 1), kind="binary",
+                           info={"paper": "test", "dataset_source": "generated",
+                                 "data_note": "3 Gaussian domains"},
+                           defaults=DEFAULTS)
+
+
+def _not_a_domain_task(data_dir=None, source="auto", download=False, seed=0):
+  x = np.zeros((4, 2), np.float32)
+  y = np.array([0, 1, 0, 1], np.int32)
+  data = from_client_arrays([x], [y])
+  return Task("_test_plain", "binary", data, {"ood": data}, models.mlp(2, (2,), 1),
+              {"paper": "test"}, defaults=DEFAULTS)
+
+
+if TASK not in task_registry():
+  register_task(TASK, paper="test", summary="3 Gaussian domains")(_gaussian_domains)
+  register_task("_test_plain", paper="test", summary="no domains")(_not_a_domain_task)
+
+
+def test_domain_task_contract():
+  t = make_task(TASK, holdout="d1")
+  assert t.info["domains"] == DOMAINS and t.info["holdout"] == "d1"
+  assert t.train.num_clients == 2 and t.eval_sets["val"].num_clients == 2
+  assert int(t.eval_sets["ood"].n[0]) == 50
+
+
+def test_select_rounds_closed_form():
+  hist = [{"round": 2, "val_accuracy": 0.6, "ood_accuracy": 0.5},
+          {"round": 4, "val_accuracy": 0.8, "ood_accuracy": 0.4},
+          {"round": 6, "val_accuracy": 0.8, "ood_accuracy": 0.9},   # val tie: earliest
+          {"round": 8, "val_accuracy": 0.7, "ood_accuracy": 0.9}]   # ood tie: earliest
+  sel = lodo.select_rounds(hist)
+  assert sel["training-domain validation"] == {"round": 4, "ood_accuracy": 0.4,
+                                               "val_accuracy": 0.8}
+  assert sel["test-domain oracle"]["round"] == 6
+  assert sel["last"] == {"round": 8, "ood_accuracy": 0.9, "val_accuracy": 0.7}
+  with pytest.raises(ValueError, match="empty"):
+    lodo.select_rounds([])
+  with pytest.raises(ValueError, match="val_accuracy"):
+    lodo.select_rounds([{"round": 1, "ood_accuracy": 0.5}])
+
+
+@pytest.fixture(scope="module")
+def result():
+  return lodo.run_lodo(TASK, ["fedavg", "fedprox"], seeds=(0, 1), holdouts=[0, "d2"],
+                       algorithm_kwargs={"client_lr": 0.3, "fedprox": {"mu": 0.5}},
+                       progress=False)
+
+
+def test_runs_equal_direct_simulation_runs(result):
+  assert result["holdouts"] == ["d0", "d2"] and result["domains"] == DOMAINS
+  assert len(result["runs"]) == 2 * 2 * 2
+  r = next(r for r in result["runs"] if r["holdout"] == "d2" and r["seed"] == 1
+           and r["algorithm"] == "fedprox")
+  # Task defaults, overridden by the common then the per-algorithm kwargs.
+  kw = {k: v for k, v in DEFAULTS.items() if k not in ("rounds", "eval_every")}
+  kw.update(client_lr=0.3, mu=0.5)
+  direct = simulation.run(make_task(TASK, holdout="d2"), make_algorithm("fedprox", **kw),
+                          rounds=4, seed=1, eval_every=1, progress=False)
+  assert r["history"] == direct.history
+  assert r["hparams"]["mu"] == 0.5 and r["hparams"]["client_lr"] == 0.3
+  other = next(r for r in result["runs"] if r["algorithm"] == "fedavg")
+  assert other["hparams"]["client_lr"] == 0.3 and "mu" not in other["hparams"]
+
+
+def test_selection_and_table_follow_the_histories(result):
+  for r in result["runs"]:
+    h = r["history"]
+    assert [e["round"] for e in h] == [1, 2, 3, 4]
+    val = [e["val_accuracy"] for e in h]
+    ood = [e["ood_accuracy"] for e in h]
+    sel = r["selected"]
+    assert sel["training-domain validation"]["ood_accuracy"] == ood[int(np.argmax(val))]
+    assert sel["test-domain oracle"]["ood_accuracy"] == max(ood)
+    assert sel["last"]["ood_accuracy"] == ood[-1]
+  rows = result["table"]
+  assert [(x["selection"], x["algorithm"]) for x in rows] == [
+      (s, a) for s in lodo.SELECTIONS for a in ("fedavg", "fedprox")]
+  for row in rows:
+    per_seed = {0: [], 1: []}
+    for h in ("d0", "d2"):
+      vals = [r["selected"][row["selection"]]["ood_accuracy"] for r in result["runs"]
+              if r["algorithm"] == row["algorithm"] and r["holdout"] == h]
+      assert row["cells"][h]["mean"] == pytest.approx(np.mean(vals))
+      assert row["cells"][h]["std"] == pytest.approx(np.std(vals))
+      for r in result["runs"]:
+        if r["algorithm"] == row["algorithm"] and r["holdout"] == h:
+          per_seed[r["seed"]].append(r["selected"][row["selection"]]["ood_accuracy"])
+    avgs = [np.mean(v) for v in per_seed.values()]
+    assert row["cells"]["avg"]["mean"] == pytest.approx(np.mean(avgs))
+    assert row["cells"]["avg"]["std"] == pytest.approx(np.std(avgs))
+  # The oracle is an upper bound of the other selections, cell by cell.
+  by = {(x["selection"], x["algorithm"]): x["cells"] for x in rows}
+  for a in ("fedavg", "fedprox"):
+    for c in ("d0", "d2", "avg"):
+      oracle = by[("test-domain oracle", a)][c]["mean"]
+      assert by[("training-domain validation", a)][c]["mean"] <= oracle + 1e-12
+      assert by[("last", a)][c]["mean"] <= oracle + 1e-12
+
+
+def test_outputs_markdown_csv_json(result, tmp_path):
+  md = lodo.format_lodo_markdown(result)
+  for s in lodo.SELECTIONS:
+    assert f"### {s}" in md
+  assert "| algorithm | d0 | d2 | avg |" in md
+  row = next(x for x in result["table"] if x["selection"] == "last"
+             and x["algorithm"] == "fedavg")
+  c = row["cells"]["d2"]
+  assert f"{100 * c['mean']:.1f} ± {100 * c['std']:.1f}" in md
+  rows = list(csv.DictReader(io.StringIO(lodo.lodo_csv(result))))
+  assert len(rows) == 6
+  got = next(r for r in rows if r["selection"] == "last" and r["algorithm"] == "fedavg")
+  assert float(got["d2_mean"]) == pytest.approx(c["mean"], abs=1e-6)
+  assert float(got["avg_std"]) == pytest.approx(row["cells"]["avg"]["std"], abs=1e-6)
+  out = tmp_path / "lodo"
+  (out).mkdir()
+  (out / "stale.txt").write_text("old run")
+  lodo.write_lodo_outputs(out, result)
+  assert sorted(p.name for p in out.iterdir()) == [
+      "metrics.jsonl", "results.csv", "results.md", "summary.json"]
+  summary = json.loads((out / "summary.json").read_text())
+  assert summary["seeds"] == [0, 1] and summary["selections"] == list(lodo.SELECTIONS)
+  assert summary["table"][0]["cells"]["d0"]["mean"] == result["table"][0]["cells"]["d0"][
+      "mean"]
+  assert set(summary["task_info"]) == {"d0", "d2"}
+  assert all("history" not in r for r in summary["runs"])
+  lines = (out / "metrics.jsonl").read_text().splitlines()
+  assert len(lines) == 8 * 4 and json.loads(lines[0])["holdout"] == "d0"
+
+
+def test_arguments_validated_before_training(monkeypatch):
+  def no_training(*a, **k):
+    raise AssertionError("training started before validation finished")
+  monkeypatch.setattr(simulation, "run", no_training)
+  with pytest.raises(ValueError, match="unknown holdout domain 'd9'"):
+    lodo.run_lodo(TASK, ["fedavg"], holdouts=["d0", "d9"], progress=False)
+  with pytest.raises(ValueError, match="out of range"):
+    lodo.run_lodo(TASK, ["fedavg"], holdouts=[3], progress=False)
+  with pytest.raises(ValueError, match="seeds is empty"):
+    lodo.run_lodo(TASK, ["fedavg"], seeds=(), progress=False)
+  with pytest.raises(ValueError, match="unknown algorithm"):
+    lodo.run_lodo(TASK, ["fedavg", "nope"], progress=False)
+  with pytest.raises(ValueError, match="unknown task"):
+    lodo.run_lodo("nope", ["fedavg"], progress=False)
+  with pytest.raises(ValueError, match="holdouts="):
+    lodo.run_lodo(TASK, ["fedavg"], task_kwargs={"holdout": 1}, progress=False)
+  with pytest.raises(ValueError, match="not a domain task"):
+    lodo.run_lodo("_test_plain", ["fedavg"], progress=False)
+  with pytest.raises(ValueError, match="unknown hyperparameters"):
+    lodo.run_lodo(TASK, ["fedavg"], algorithm_kwargs={"bogus": 1}, progress=False)
+  with pytest.raises(ValueError, match="execution"):
+    lodo.run_lodo(TASK, ["fedavg"], execution="warp", progress=False)
+  with pytest.raises(ValueError, match="twice"):
+    lodo.run_lodo(TASK, ["fedavg"], holdouts=["d1", 1], progress=False)
+  with pytest.raises(ValueError, match="rounds"):
+    lodo.run_lodo(TASK, ["fedavg"], rounds=0, progress=False)
+
+
+def test_resplit_uses_the_seed_for_the_data_split(monkeypatch):
+  seen = []
+
+  def spy(task, alg, **kw):  # records the split; no training needed for this test
+    seen.append((kw["seed"], np.asarray(task.eval_sets["val"].x).sum()))
+    h = [{"round": 1, "val_accuracy": 0.5, "ood_accuracy": 0.5}]
+    return simulation.RunResult(h, h[-1], None, None, "scan", 0.0)
+  monkeypatch.setattr(simulation, "run", spy)
+  res = lodo.run_lodo(TASK, "fedavg", seeds=(0, 1), holdouts="d1", rounds=1,
+                      resplit=True, progress=False)
+  assert res["resplit"] and len(seen) == 2
+  assert seen[0][1] != seen[1][1]  # different validation splits
+  seen.clear()
+  lodo.run_lodo(TASK, "fedavg", seeds=(0, 1), holdouts="d1", rounds=1, progress=False)
+  assert seen[0][1] == seen[1][1]  # one fixed split

@@ -1,0 +1,137 @@
+"""core/memory.py: the analytic round-memory estimate, its fits check and chunk choice."""
+import os
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from fedjax_inv import models
+from fedjax_inv.algorithms import make_algorithm
+from fedjax_inv.core import engine, memory
+from fedjax_inv.core.data import ClientData
+
+MODEL = models.mlp(64, (32,), 4)
+ALG = make_algorithm("fedavg", client_lr=0.1, local_steps=2, batch_size=8)
+N_MAX, FEAT = 16, (64,)
+
+
+def est(strategy="vmap", cohort=64, n_max=N_MAX, feat=FEAT, chunk=None, alg=ALG,
+        model=MODEL, **kw):
+  return memory.estimate_round_bytes(model, alg, cohort, n_max, feat, strategy, chunk, **kw)
+
+
+def test_estimate_is_monotone():
+  # in the cohort, for every strategy (the gathered cohort data grows even under scan)
+  for s in ("vmap", "scan", "chunked"):
+    sizes = [est(s, cohort=c, chunk=8) for c in (8, 16, 64, 256)]
+    assert sizes == sorted(sizes) and sizes[0] < sizes[-1], (s, sizes)
+  # in n_max and in the input size
+  assert est(n_max=16) < est(n_max=64) < est(n_max=256)
+  cnn = models.cnn(1, (4,), 3)
+  assert est(model=cnn, feat=(8, 8, 1)) < est(model=cnn, feat=(16, 16, 1))
+  # in the resident clients: scan < chunked(k) < chunked(2k) < vmap
+  assert est("scan") < est("chunked", chunk=8) < est("chunked", chunk=16) < est("vmap")
+  # vmap grows linearly in C with the per-client bytes as slope
+  m1 = memory.round_memory(MODEL, ALG, 64, N_MAX, FEAT, "vmap")
+  m2 = memory.round_memory(MODEL, ALG, 128, N_MAX, FEAT, "vmap")
+  assert m2.total - m1.total == 64 * m1.per_client + (m2.cohort_data - m1.cohort_data)
+  # sharding the client axis divides the per-device estimate
+  assert est("vmap", num_devices=8) < est("vmap") / 4
+
+
+def test_estimate_counts_optimizer_state_and_model_size():
+  adam = make_algorithm("fedavg", client_lr=0.1, local_steps=2, batch_size=8,
+                        client_optimizer="adam")
+  p = memory.round_memory(MODEL, ALG, 1, N_MAX, FEAT, "scan").params
+  # Adam keeps two moments per parameter: at least 2 more parameter copies per client.
+  assert (memory.round_memory(MODEL, adam, 1, N_MAX, FEAT, "scan").per_client
+          - memory.round_memory(MODEL, ALG, 1, N_MAX, FEAT, "scan").per_client) >= 2 * p
+  n_params = 64 * 32 + 32 + 32 * 4 + 4
+  assert p == 4 * n_params
+  wide = models.mlp(64, (64,), 4)
+  assert est(model=wide) > est()
+
+
+def test_activation_bytes_grow_with_width_and_bound_the_hidden_layer():
+  a32 = memory.activation_bytes_per_example(MODEL, FEAT)
+  a64 = memory.activation_bytes_per_example(models.mlp(64, (64,), 4), FEAT)
+  assert a64 > a32
+  # at least the hidden activation (32 floats) and the logits (4 floats) per example
+  assert a32 >= 4 * (32 + 4)
+  cnn = memory.activation_bytes_per_example(models.cnn(1, (4, 8), 3), (8, 8, 1))
+  assert cnn >= 4 * 8 * 8 * 4  # the first conv's [8, 8, 4] output
+
+
+def test_estimate_is_within_an_order_of_magnitude_of_xla():
+  """Compare with XLA's own buffer assignment of a compiled vmap round."""
+  C = 64
+  data = ClientData(x=jnp.zeros((C, N_MAX) + FEAT), y=jnp.zeros((C, N_MAX), jnp.int32),
+                    n=jnp.full((C,), N_MAX, jnp.int32))
+  rf = engine.build_round(MODEL, "multiclass", ALG, C, C, execution="vmap")
+  server, cs = engine.init_state(ALG, MODEL.init(0), C)
+  ma = rf.jitted.lower(server, cs, data, jax.random.key(0)).compile().memory_analysis()
+  xla = ma.temp_size_in_bytes + ma.output_size_in_bytes
+  ratio = est("vmap", cohort=C) / xla
+  assert 0.2 < ratio < 5.0, (ratio, xla)
+
+
+def test_check_fits_and_choose_chunk_size():
+  need = est("vmap")
+  assert memory.check_fits(MODEL, ALG, 64, N_MAX, FEAT, "vmap",
+                           capacity_bytes=4 * need) == need
+  budget_cap = est("chunked", chunk=16) / 0.8 + 8  # fits 16 clients, not 32
+  with pytest.raises(memory.DoesNotFitError) as e:
+    memory.check_fits(MODEL, ALG, 64, N_MAX, FEAT, "vmap", capacity_bytes=budget_cap)
+  assert isinstance(e.value, MemoryError) and isinstance(e.value, ValueError)
+  msg = str(e.value)
+  assert "clients_per_round=64" in msg and "chunk_size<=16" in msg and "GiB" in msg
+  k = memory.choose_chunk_size(MODEL, ALG, 64, N_MAX, FEAT, capacity_bytes=budget_cap)
+  assert k == 16
+  # the choice is maximal among divisors: the next divisor does not fit
+  assert est("chunked", chunk=32) > 0.8 * budget_cap >= est("chunked", chunk=k)
+  # divisors only (the engine rounds chunk sizes down to a divisor of C)
+  k = memory.choose_chunk_size(MODEL, ALG, 60, N_MAX, FEAT,
+                               capacity_bytes=est("chunked", cohort=60, chunk=13) / 0.8 + 8)
+  assert 60 % k == 0 and k == 12
+  # nothing fits
+  with pytest.raises(memory.DoesNotFitError, match="even one client"):
+    memory.choose_chunk_size(MODEL, ALG, 64, N_MAX, FEAT, capacity_bytes=1000)
+
+
+def test_auto_strategy_chunks_instead_of_failing():
+  big, small = 100 * est("vmap"), est("chunked", chunk=8) / 0.8 + 8
+  assert memory.auto_strategy(MODEL, ALG, 64, N_MAX, FEAT, backend="cpu", num_devices=1,
+                              capacity_bytes=big) == ("scan", None)
+  assert memory.auto_strategy(MODEL, ALG, 64, N_MAX, FEAT, backend="gpu", num_devices=1,
+                              capacity_bytes=big) == ("vmap", None)
+  assert memory.auto_strategy(MODEL, ALG, 64, N_MAX, FEAT, backend="gpu", num_devices=1,
+                              capacity_bytes=small) == ("chunked", 8)
+  with pytest.raises(memory.DoesNotFitError):
+    memory.auto_strategy(MODEL, ALG, 64, N_MAX, FEAT, backend="gpu", num_devices=1,
+                         capacity_bytes=1000)
+
+
+def test_device_memory_bytes_on_cpu_is_physical_ram():
+  got = memory.device_memory_bytes()
+  assert got > 0
+  if jax.default_backend() == "cpu":
+    assert got == os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(strategy="auto"), "resolve 'auto' first"),
+    (dict(strategy="pmap"), "strategy='pmap'"),
+    (dict(cohort=0), "cohort=0"),
+    (dict(n_max=0), "n_max=0"),
+    (dict(chunk=0, strategy="chunked"), "chunk_size=0"),
+    (dict(feat=(0, 3)), r"feature_shape=\(0, 3\)"),
+    (dict(num_devices=0), "num_devices=0"),
+])
+def test_bad_arguments_raise_value_error(kw, match):
+  with pytest.raises(ValueError, match=match):
+    est(**kw)
+
+
+def test_bad_fraction_raises():
+  with pytest.raises(ValueError, match="fraction=1.5"):
+    memory.check_fits(MODEL, ALG, 8, N_MAX, FEAT, "scan", fraction=1.5)
