@@ -201,7 +201,9 @@ def test_agreement_mask_closed_form():
 
 def test_mask_position_matters_for_adaptive_servers(tiny_binary):
   data, model = tiny_binary
-  diff = lambda a, b: max(np.max(np.abs(x - y)) for x, y in zip(_leaves(a), _leaves(b)))  # noqa: E731
+  def diff(a, b):
+    return max(np.max(np.abs(x - y)) for x, y in zip(_leaves(a), _leaves(b)))
+
   kw = dict(server_lr=0.05, tau=1.0, **HAND)
   # mask_at='pseudo_gradient' == the base's aggregator='gma' option (mask, then Adam).
   pg = _run_named(data, model, "fedgma", base="fedadam", mask_at="pseudo_gradient", **kw)

@@ -319,20 +319,28 @@ def test_fishr_term_changes_the_update():
   assert _max_abs_diff(with_fishr.params, without) > 1e-3
 
 
-def test_intra_geo_groups_negative_zeros_equal_python_loop():
-  """Mini-batch geometric mean (intra_groups=3 of 8 sampled examples) with FedILC code's
-  zero convention (the per-example case above uses the paper's 'both')."""
-  zeros = "negative"
+def test_intra_geo_groups_with_negative_zeros_equal_python_loop():
+  """Mini-batch geometric mean (intra_groups=3 over a minibatch of 8) with FedILC code's
+  zero convention, against the loop over groups (the engine case above uses per-example
+  environments and the paper's 'both')."""
   data, model = _DATA["tiny"]
-  kw = dict(fishr_lambda=1.0, server_optimizer="sgd", server_lr=0.3, weight_decay=0.0,
-            batch_size=8, intra_groups=3, zeros=zeros)
-  server, _, _ = run_engine("fishr_intra_geo", kw, "scan")
-  want = reference_fedsgd_type(model, data, model.init(0), rounds=2, cohort=4,
-                               key=jax.random.key(0),
-                               client_grad=group_wgm_grad(model, 3, zeros),
-                               aggregate=weighted_mean_aggregate, fishr_lambda=1.0,
-                               batch_size=8, server_lr=0.3)
-  _assert_trees_close(server.params, want)
+  params = model.init(0)
+  ctx = Context(params=params, round=jnp.int32(0), extras={}, client={},
+                num_clients=jnp.float32(1), cohort=jnp.float32(1))
+
+  def vg(p, batch, key):
+    return jax.value_and_grad(
+        lambda q: losses.mean_loss("binary", model.apply(q, batch.x), batch.y, batch.w))(p)
+
+  comp = fedilc.intra_geo_component(3, zeros="negative")
+  est = jax.jit(lambda p, b: comp.grad_estimator(vg, p, b, ctx, jax.random.key(0)))
+  reference = group_wgm_grad(model, 3, "negative")
+  for i, seed in ((0, 1), (3, 2)):
+    bidx = np.random.default_rng(seed).integers(0, int(data.n[i]), 8)
+    x, y = np.asarray(data.x[i])[bidx], np.asarray(data.y[i])[bidx]
+    loss, got = est(params, Batch(x=x, y=y, w=jnp.ones(8)))
+    _assert_trees_close(got, reference(params, x, y), rtol=1e-5, atol=1e-8)
+    np.testing.assert_allclose(float(loss), float(_mean_loss(model, params, x, y)), rtol=1e-5)
 
 
 def fedcurv_reference(lam):
@@ -539,6 +547,24 @@ def test_registered_with_hparams():
 def test_bad_hyperparameters_raise(name, kw, match):
   with pytest.raises(ValueError, match=match):
     make_algorithm(name, **kw)
+
+
+def test_server_optimizers_closed_form():
+  """One server step on pseudo-gradient g at w: 'sgd' = −η(g + wd·w); 'adam' (coupled
+  L2) and 'adamw' (decoupled) first steps from bias-corrected moments m̂ = g', v̂ = g'²."""
+  w = {"a": jnp.asarray([0.5, -2.0, 1.0])}
+  g = {"a": jnp.asarray([0.1, 0.3, -0.02])}
+  lr, wd, eps = 0.1, 0.05, 1e-8
+  gc = g["a"] + wd * w["a"]
+  want = {
+      "sgd": -lr * gc,
+      "adam": -lr * gc / (jnp.abs(gc) + eps),
+      "adamw": -lr * (g["a"] / (jnp.abs(g["a"]) + eps) + wd * w["a"]),
+  }
+  for name, expected in want.items():
+    opt = fedilc.server_optimizer(name, lr, wd, eps=eps)
+    upd, _ = opt.update(g, opt.init(w), w)
+    np.testing.assert_allclose(np.asarray(upd["a"]), np.asarray(expected), rtol=1e-5)
 
 
 def test_fishr_rejects_regression_before_running():

@@ -93,15 +93,23 @@ def test_transformed_model_shapes(tiny_multiclass, tiny_binary):
   assert "reference" not in make_algorithm("fedl2r", z_dim=Z).model_for(base).init(0)
 
 
-def test_transform_needs_linear_classifier():
-  class Odd(nnx.Module):
-    def __init__(self, rngs):
+def test_transform_reads_feature_size_or_raises():
+  class TwoLayerHead(nnx.Module):
+    def __init__(self, rngs, feature_dim):
       self.featurizer = nnx.Linear(2, 4, rngs=rngs)
-      self.classifier = nnx.Sequential(nnx.Linear(4, 2, rngs=rngs))
+      self.classifier = nnx.Sequential(nnx.Linear(4, 6, rngs=rngs), nnx.relu,
+                                       nnx.Linear(6, 5, rngs=rngs))
+      if feature_dim:
+        self.feature_dim = feature_dim
 
-  base = models.FunctionalModel.from_factory(lambda rngs: Odd(rngs))
-  with pytest.raises(ValueError, match="nnx.Linear"):
-    fedsr_model(base, z_dim=Z)
+  ok = models.FunctionalModel.from_factory(lambda rngs: TwoLayerHead(rngs, 4))
+  m = fedsr_model(ok, z_dim=Z)
+  p = m.init(0)
+  assert p["classifier"]["kernel"].shape == (Z, 5)        # K read from the base head
+  assert m.features(p, jnp.zeros((2, 2))).shape == (2, 2 * Z)
+  bad = models.FunctionalModel.from_factory(lambda rngs: TwoLayerHead(rngs, None))
+  with pytest.raises(ValueError, match="feature_dim"):
+    fedsr_model(bad, z_dim=Z)
 
 
 # --------------------------------------------------------------------------------------

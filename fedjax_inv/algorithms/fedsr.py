@@ -103,21 +103,28 @@ class FedSRModel(nnx.Module):
   ``classifier``: ``nnx.Linear(z_dim, K)``, ``K`` = the base classifier's output size.
   ``reference`` (only with ``with_reference``): :class:`ClassConditionalGaussian` with
   ``max(K, 2)`` classes. ``feature_dim`` is ``z_dim`` (the classifier's input size).
+  The base classifier (linear or not) is dropped: FedSR maps ``z`` to the output with a
+  single linear layer.
 
   Raises:
-    ValueError: the base model has no ``nnx.Linear`` classifier (its input size ``d`` and
-      output size ``K`` are read from it).
+    ValueError: ``d`` cannot be read (the base classifier is not an ``nnx.Linear`` and
+      the base has no positive ``feature_dim``); no featurizer/classifier.
   """
 
   def __init__(self, base: nnx.Module, z_dim: int, probabilistic: bool,
                with_reference: bool, *, rngs: nnx.Rngs):
     cls = getattr(base, "classifier", None)
-    if not isinstance(cls, nnx.Linear) or not hasattr(base, "featurizer"):
+    if isinstance(cls, nnx.Linear):
+      d = int(cls.in_features)
+    else:
+      d = int(getattr(base, "feature_dim", -1) or -1)
+    if cls is None or not hasattr(base, "featurizer") or d < 1:
       raise ValueError(
-          f"FedSR needs a base model with a .featurizer and an nnx.Linear .classifier "
-          f"(to read d and K); got {type(base).__name__} with classifier "
-          f"{type(cls).__name__}.")
-    d, k = int(cls.in_features), int(cls.out_features)
+          f"FedSR needs a base model with a .featurizer and a .classifier that is an "
+          f"nnx.Linear or whose input size is the model's .feature_dim (to read d); got "
+          f"{type(base).__name__} with classifier {type(cls).__name__} and feature_dim "
+          f"{getattr(base, 'feature_dim', None)!r}.")
+    k = int(jax.eval_shape(lambda: cls(jnp.zeros((1, d), jnp.float32))).shape[-1])
     out = 2 * z_dim if probabilistic else z_dim
     self.featurizer = nnx.Sequential(base.featurizer, nnx.Linear(d, out, rngs=rngs))
     self.classifier = nnx.Linear(z_dim, k, rngs=rngs)
@@ -134,8 +141,8 @@ def fedsr_model(base: FunctionalModel, z_dim: int = 64, probabilistic: bool = Tr
   """FedSR's ``model_transform``: the task's model with the representation head.
 
   Args:
-    base: the task's ``FunctionalModel`` (featurizer ``[B, ...] -> [B, d]``, linear
-      classifier ``[B, d] -> [B, K]``).
+    base: the task's ``FunctionalModel`` (featurizer ``[B, ...] -> [B, d]``, classifier
+      ``[B, d] -> [B, K]``).
     z_dim: representation size (FedSR §4.2: 64 for RotatedMNIST).
     probabilistic: head outputs ``(μ, pre-σ)`` ``[B, 2·z_dim]`` (True) or ``z [B, z_dim]``.
     with_reference: add the ``'reference'`` parameters of ``r(z|y)`` (CMI term).
@@ -148,7 +155,8 @@ def fedsr_model(base: FunctionalModel, z_dim: int = 64, probabilistic: bool = Tr
     ``eval_forward`` (``model.apply`` is not meaningful).
 
   Raises:
-    ValueError: ``z_dim`` not a positive int; base classifier not ``nnx.Linear``.
+    ValueError: ``z_dim`` not a positive int; the base's feature size ``d`` unreadable
+      (see :class:`FedSRModel`).
 
   Source: FedSR §3.2 (probabilistic representation), §4.2 (architecture).
   """

@@ -164,6 +164,11 @@ class Algorithm:
     names = [c.name for c in self.components]
     if len(set(names)) != len(names):
       raise ValueError(f"component names must be unique, got {names}.")
+    for c in self.components:
+      if (c.server_update is not None or c.pre_update is not None) and c.init_server is None:
+        raise ValueError(
+            f"component {c.name!r} updates server state but has no init_server: give it "
+            "one (it fixes the state's structure, so round 2 does not recompile).")
     if sum(c.forward is not None for c in self.components) > 1:
       raise ValueError("at most one component may replace the forward pass.")
     if sum(c.grad_estimator is not None for c in self.components) > 1:

@@ -67,7 +67,8 @@ def run(task, algorithm, *, rounds: int, clients_per_round: int | None = None,
   mesh = client_mesh() if shard else None
   model = algorithm.model_for(task.model)
   round_fn = build_round(model, task.kind, algorithm, num_clients, cohort,
-                         execution=execution, chunk_size=chunk_size, mesh=mesh)
+                         execution=execution, chunk_size=chunk_size, mesh=mesh,
+                         feature_shape=task.train.feature_shape)
   evaluate = build_evaluator(model, task.kind, algorithm)
   params = model.init(seed)
   server, cstates = init_state(algorithm, params, num_clients)

@@ -172,8 +172,12 @@ def synthetic_hospital(data_dir=None, source="auto", download=False, seed=0,
   separates the classes). ``x_inv, x_rand ~ N(0, I)`` (the paper's 𝒵 is unspecified).
 
   Model: MLP with one 10-unit hidden layer (paper). kind 'binary'.
-  Defaults: full-batch Adam (lr 1e-3), one local step (E = 1) per round, 500 rounds
-  (paper: 10,000 rounds; E ∈ {1, 2, 5, 10, 20} in its robustness study).
+  Defaults: full-batch clients, one local SGD step of lr 1.0 per round (E = 1), 500
+  rounds, so FedAvg is gradient descent on the pooled risk (seed 0: train accuracy 0.84,
+  OOD 0.14 after 500 rounds; paper: 0.85 / 0.11). The paper trains 10,000 rounds with
+  Adam (E ∈ {1, 2, 5, 10, 20} in its robustness study); here clients restart their
+  optimizer every round, so one Adam step would be a sign step ``lr·sign(g)`` (see
+  ``colored_mnist``, which uses the same recipe).
 
   Raises:
     ValueError: both ``env_probs`` and ``num_clients``, bad probabilities or sizes.
@@ -217,7 +221,7 @@ def synthetic_hospital(data_dir=None, source="auto", download=False, seed=0,
   model = models.mlp(int(d_inv) + int(d_rand) + int(d_spu), tuple(hidden), 1)
   return Task("synthetic_hospital", "binary", train, eval_sets, model, info,
               defaults=dict(rounds=500, eval_every=25, local_steps=1, batch_size=None,
-                            client_optimizer="adam", client_lr=1e-3, weight_decay=0.0))
+                            client_optimizer="sgd", client_lr=1.0, weight_decay=0.0))
 
 
 LINEAR_SIGMAS = ((0.1, 5.0), (1.5, 0.1), (5.0, 1.5))
