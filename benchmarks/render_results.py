@@ -62,6 +62,9 @@ def render(payload: dict) -> str:
           "- fishr_inter_geo round / FedAvg round (≤ 1.3): " + (", ".join(
               f"C={k}: {v:.2f}" for k, v in
               (s.get("fishr_inter_geo_vs_fedavg") or {}).items()) or "–"),
+          "- fishr_inter_geo round / FedSGD round (same local work): " + (", ".join(
+              f"C={k}: {v:.2f}" for k, v in
+              (s.get("fishr_inter_geo_vs_fedsgd") or {}).items()) or "–"),
           ""]
   return "\n".join(out)
 

@@ -20,7 +20,8 @@ Peers:
     ``reduce_mean`` around a pure-JAX client update (``lax.scan`` over the local steps),
     one ``jax.jit`` per round (DrJAX maps with ``vmap``).
   * ``torch <v> loop``: a Python loop over clients, each copying the global
-    ``nn.Sequential`` and running ``torch.optim.SGD`` (CPU, default thread count).
+    ``nn.Sequential`` and running ``torch.optim.SGD`` (CPU; default thread count, and
+    ``torch1`` with one thread, which is faster for these tiny matmuls on a busy host).
 
 Usage:
   benchmarks/peers/.venv/bin/python benchmarks/peers/bench_peers.py \
@@ -91,6 +92,13 @@ def bench_fedjax(C: int, warmup: int, rounds: int) -> dict:
   import jax.numpy as jnp
   import numpy as np
 
+  shim = ""
+  if not hasattr(jax, "tree_map"):
+    # fedjax/core/tree_util.py (tree_weight, tree_zeros_like, used by fed_avg) calls
+    # jax.tree_map, removed from JAX; without this the round fails with
+    # "AttributeError: module 'jax' has no attribute 'tree_map'".
+    jax.tree_map = jax.tree.map
+    shim = "; shim jax.tree_map = jax.tree.map (removed from JAX, used by fedjax.tree_util)"
   fedjax.set_for_each_client_backend("jit")
   x, y = make_data(C)
 
@@ -128,7 +136,7 @@ def bench_fedjax(C: int, warmup: int, rounds: int) -> dict:
                           lambda s: jax.block_until_ready(s.params))
   return row(f"fedjax {getattr(fedjax, '__version__', '0.0.17')} (jit backend)", C, first,
              times, note="fedjax.algorithms.fed_avg, for_each_client 'jit' backend; "
-             "batches built on host")
+             "batches built on host" + shim)
 
 
 # --------------------------------------------------------------------------- DrJAX
@@ -176,8 +184,11 @@ def bench_drjax(C: int, warmup: int, rounds: int) -> dict:
 # --------------------------------------------------------------------------- PyTorch
 
 
-def bench_torch(C: int, warmup: int, rounds: int) -> dict:
+def bench_torch(C: int, warmup: int, rounds: int, threads: int | None = None) -> dict:
   import torch
+  if not hasattr(bench_torch, "default_threads"):
+    bench_torch.default_threads = torch.get_num_threads()
+  torch.set_num_threads(threads or bench_torch.default_threads)
 
   x, y = make_data(C)
   X = torch.from_numpy(x.reshape(C, N_PER_CLIENT, -1))
@@ -212,18 +223,22 @@ def bench_torch(C: int, warmup: int, rounds: int) -> dict:
     return None
 
   _, first, times = timed(one_round, None, warmup, rounds, lambda s: None)
-  return row(f"torch {torch.__version__} loop", C, first, times,
+  n = torch.get_num_threads()
+  return row(f"torch {torch.__version__.split('+')[0]} loop ({n} thread{'s' * (n > 1)})",
+             C, first, times,
              note=f"per-client Python loop, torch.optim.SGD, {torch.get_num_threads()} "
              "threads")
 
 
-PEERS = {"fedjax": bench_fedjax, "drjax": bench_drjax, "torch": bench_torch}
+PEERS = {"fedjax": bench_fedjax, "drjax": bench_drjax, "torch": bench_torch,
+         "torch1": lambda C, w, r: bench_torch(C, w, r, threads=1)}
 
 
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--clients", default="10,100", help="comma list of cohort sizes")
-  p.add_argument("--peers", default=",".join(PEERS), help=f"subset of {list(PEERS)}")
+  p.add_argument("--peers", default="fedjax,drjax,torch,torch1",
+                 help=f"subset of {list(PEERS)} (torch1: PyTorch with 1 thread)")
   p.add_argument("--rounds", type=int, default=5)
   p.add_argument("--warmup", type=int, default=1)
   p.add_argument("--max-round-s", type=float, default=60.0,
