@@ -568,6 +568,23 @@ def _xla_flops_local(model, kind, algorithm, data, server) -> float | None:
 # ---------------------------------------------------------------------------------------
 
 
+def _shape_kw() -> dict:
+  """``feature_shape=`` for ``build_round`` when the engine accepts it (its 'auto' then
+  inspects the model)."""
+  import inspect
+  from fedjax_inv.core import engine
+  if "feature_shape" in inspect.signature(engine.build_round).parameters:
+    return dict(feature_shape=FEATURE_SHAPE)
+  return {}
+
+
+def _resolve_auto(model, kind, algorithm, C) -> str:
+  """The strategy ``execution='auto'`` resolves to for this model and cohort."""
+  from fedjax_inv.core import engine
+  return engine.build_round(model, kind, algorithm, C, C, execution="auto",
+                            **_shape_kw()).strategy
+
+
 def _row(workload: Workload, C: int, impl: str, **kw) -> dict:
   row = dict(source="fedjax_inv", workload=workload.name, model=workload.model,
              algorithm=workload.algorithm, clients=C, pool=C, impl=impl, strategy=None,
@@ -635,7 +652,7 @@ def run_config(workload: Workload, C: int, impls: list[str], *, warmup: int, rou
               f"(from {t0:.3g} s/round at C={c0}) > --max-impl-s {max_impl_s:.0f}")
     return None
 
-  resolved_auto = engine.resolve_strategy("auto", C)
+  resolved_auto = _resolve_auto(model, kind, algorithm, C)
   order = [i for i in impls if i != "auto"]
   if "auto" in impls and resolved_auto not in order:
     order.append("auto")
@@ -680,7 +697,7 @@ def run_config(workload: Workload, C: int, impls: list[str], *, warmup: int, rou
           from jax.sharding import NamedSharding, PartitionSpec as P
           dat = jax.device_put(data, NamedSharding(mesh, P("clients")))
         rf = engine.build_round(model, kind, algorithm, C, C, execution=strategy,
-                                chunk_size=chunk_size, mesh=mesh)
+                                chunk_size=chunk_size, mesh=mesh, **_shape_kw())
         t0 = time.perf_counter()
         compiled = rf.jitted.lower(server, cstates, dat, key).compile()
         compile_s = time.perf_counter() - t0

@@ -3,11 +3,10 @@
 FedAvg learns the color (train ≈ 0.85, OOD ≈ 0.1). Any predictor that uses only the
 color has ``train_acc + ood_acc <= 1.05`` (color agrees with the label 85% of the time on
 the training clients and 10% on the OOD client), so a sum clearly above that shows the
-digit shape is used. Protocol: the task's defaults (full-batch clients, one local step,
-2 clients of 2,000 images, OOD 1,000) with plain-SGD clients — the task's default Adam
-restarts every round, so with one local step each client moves by ``lr·sign(g)``,
-which cancels the clients' opposite IRM gradients (measured in
-``experiments/colored_mnist_invariance.md``). Every comparison uses the same rounds,
+digit shape is used. Protocol: the task's defaults (full-batch clients, one local SGD
+step, 2 clients of 2,000 images, OOD 1,000). Adam clients that restart every round would
+move by ``lr·sign(g)`` with one local step, which cancels the clients' opposite IRM
+gradients (measured in ``experiments/colored_mnist_invariance.md``). Every comparison uses the same rounds,
 client optimizer, learning rate and seed for FedAvg and the invariance method.
 """
 import functools
@@ -37,11 +36,10 @@ def _task():
 def _final(protocol: str, name: str, seed: int):
   rounds, common, _, _ = PROTOCOLS[protocol]
   task = _task()
-  kw = {k: v for k, v in task.defaults.items() if k not in ("rounds", "eval_every")}
-  kw.update(common)
+  kw = dict(common)
   if name != "fedavg":
     kw.update(PROTOCOLS[protocol][3])
-  res = run(task, make_algorithm(name, **kw), rounds=rounds, seed=seed, progress=False,
+  res = run(task, make_algorithm(name, **task.algorithm_settings(name, kw)), rounds=rounds, seed=seed, progress=False,
             eval_every=rounds)
   return res.final["train_accuracy"], res.final["ood_accuracy"]
 

@@ -521,6 +521,22 @@ def test_registered_with_hparams():
   assert make_algorithm("geometric").local_steps == 1
 
 
+def test_task_client_defaults_are_not_misrouted():
+  """A task's client recipe (FedILC Color-MNIST: Adam 3e-4, wd 0.01) builds every method:
+  FedSGD-type methods drop it (they fix the client), FedCurv uses it for its clients and
+  keeps ``weight_decay`` for the server."""
+  from fedjax_inv.tasks import Task
+  data, model = _DATA["tiny"]
+  task = Task("t", "binary", data, {}, model, {},
+              defaults=dict(rounds=3, local_steps=1, batch_size=None,
+                            client_optimizer="adam", client_lr=3e-4, weight_decay=0.5))
+  for name in NAMES:
+    alg = make_algorithm(name, **task.algorithm_settings(name))
+    assert alg.hparams["weight_decay"] == 0.01  # the server's default, not the task's
+    want_client = "adam" if name == "fedcurv" else "sgd"
+    assert alg.hparams["client_optimizer"] == want_client
+
+
 @pytest.mark.parametrize("name,kw,match", [
     ("geometric", dict(server_lr=0.0), "server_lr"),
     ("geometric", dict(server_lr=float("nan")), "server_lr"),

@@ -51,8 +51,12 @@ SCRIPT = textwrap.dedent("""
         server, cs = engine.init_state(alg, model.init(0), N)
         lowered = rf.jitted.lower(server, cs, data, key)
         compiled = lowered.compile()
-        res[name + "_all_reduce"] = "all-reduce" in compiled.as_text()
-        res[name + "_annotated"] = "devices=[8" in lowered.as_text()
+        hlo = compiled.as_text()
+        res[name + "_all_reduce"] = "all-reduce" in hlo
+        res[name + "_partitions8"] = "num_partitions=8" in hlo
+        # 16 sampled clients over 8 devices: 2 clients' [12, 6] data per device
+        res[name + "_per_device_cohort"] = "f32[2,12,6]" in hlo
+        res[name + "_annotated"] = '{"clients"}' in lowered.as_text()
         for _ in range(3):
           server, cs, metrics = compiled(server, cs, data, key)
         res[name + "_params"] = [np.asarray(l).tolist() for l in
@@ -122,13 +126,16 @@ def test_sharded_rounds_equal_unsharded():
 
 
 def test_client_axis_is_actually_sharded():
-  """The sharded round annotates the client axis over 8 devices and sums the clients'
-  statistics with a cross-device all-reduce; the unsharded round has neither."""
+  """The sharded round constrains the client axis to the 'clients' mesh axis, XLA
+  partitions it 8 ways and sums the clients' statistics with a cross-device all-reduce;
+  the unsharded round has none of these."""
   r = result()
   for strategy in ("vmap", "chunked"):
     res = r[strategy]
-    assert res["sharded_annotated"] and res["sharded_all_reduce"], (strategy, res.keys())
-    assert not res["plain_annotated"] and not res["plain_all_reduce"], strategy
+    for k in ("annotated", "partitions8", "all_reduce"):
+      assert res["sharded_" + k], (strategy, k)
+      assert not res["plain_" + k], (strategy, k)
+  assert r["vmap"]["sharded_per_device_cohort"] and not r["vmap"]["plain_per_device_cohort"]
 
 
 def test_100k_client_pool_sharded_runs_without_host_transfers():

@@ -147,6 +147,13 @@ def bench_drjax(C: int, warmup: int, rounds: int) -> dict:
   import jax
   import jax.numpy as jnp
 
+  # vmap keeps ~4 copies of the 0.4 MB model per client (params, grads, update, delta).
+  need = C * 4 * 4 * (784 * 128 + 128 + 128 * 10 + 10) + C * N_PER_CLIENT * 785 * 4
+  ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+  if need > 0.4 * ram:
+    raise MemoryError(f"skipped: ~{need / 2**30:.1f} GiB for C={C} clients vmapped "
+                      f"> 40% of {ram / 2**30:.1f} GiB RAM")
+
   x, y = make_data(C)
   x = jnp.asarray(x.reshape(C, N_PER_CLIENT, -1))
   y = jnp.asarray(y)
@@ -263,6 +270,9 @@ def main(argv=None) -> int:
         r = PEERS[name](C, args.warmup, args.rounds)
         rows.append(r)
         last = (C, r["round_s"])
+      except MemoryError as e:
+        notes.append(f"{name}: C={C} {e}")
+        break
       except Exception as e:  # record the exact error, go on with the other peers
         tb = traceback.format_exc(limit=3)
         notes.append(f"{name}: C={C} failed: {type(e).__name__}: {e}\n{tb}")

@@ -17,7 +17,9 @@ Registry names (FedILC §5 lists all of them as the methods it compares):
   ``λ Σ_{j≠i} Σ_k F_{j,k}(θ_k − θ̂_{j,k})²`` built from the other clients' diagonal
   Fisher information ``F_j`` and models ``θ̂_j``.
 
-The four FedSGD-type methods fix the client recipe: one local step of ``sgd(1.0)`` on the
+The four FedSGD-type methods fix the client recipe (registered with
+``fixed=FEDSGD_FIXED``, so a task's client defaults are not passed to them; their
+``weight_decay`` is the server's): one local step of ``sgd(1.0)`` on the
 client's batch at the global model ``w_t`` (the whole client data when ``batch_size`` is
 None), so the pseudo-gradient ``w_t − (w_t − g)`` *is* the client gradient ``g`` (up to
 the float32 rounding of ``w_t − g``: an error of at most half an ulp of ``w_t``, so a
@@ -55,7 +57,7 @@ import optax
 from fedjax_inv import aggregators as aggs
 from fedjax_inv import penalties
 from fedjax_inv.algorithms import base
-from fedjax_inv.algorithms.base import register, uniform_mean
+from fedjax_inv.algorithms.base import FEDSGD_FIXED, register, uniform_mean
 from fedjax_inv.core import losses
 from fedjax_inv.core.algorithm import Algorithm, Batch, Component
 
@@ -553,7 +555,8 @@ _COMMON = ("batch_size", "weighting") + _SERVER_KW
 
 
 @register("geometric", paper="FedILC §3.1, §5 (Geometric baseline)",
-          summary="FedSGD with the weighted geometric mean of client gradients, server AdamW")
+          summary="FedSGD with the weighted geometric mean of client gradients, server AdamW",
+          fixed=FEDSGD_FIXED)
 def geometric(*, server_optimizer: str = "adamw", server_lr: float = 3e-4,
               weight_decay: float = 0.01, b1: float = 0.9, b2: float = 0.999,
               eps: float = 1e-8, batch_size=None, zeros: str = "both",
@@ -594,7 +597,8 @@ def geometric(*, server_optimizer: str = "adamw", server_lr: float = 3e-4,
 
 @register("fishr_inter_geo", paper="FedILC §3.2, Alg. 1 (Fishr+Inter-Geo)",
           summary="weighted geometric mean of client gradients + lambda * grad Fishr "
-                  "(VJP protocol), server AdamW")
+                  "(VJP protocol), server AdamW",
+          fixed=FEDSGD_FIXED)
 def fishr_inter_geo(*, fishr_lambda: float = 15.0, server_optimizer: str = "adamw",
                     server_lr: float = 3e-4, weight_decay: float = 0.01, b1: float = 0.9,
                     b2: float = 0.999, eps: float = 1e-8, batch_size=None,
@@ -631,7 +635,8 @@ def fishr_inter_geo(*, fishr_lambda: float = 15.0, server_optimizer: str = "adam
 @register("fishr_intra_geo", paper="FedILC §3.3, Alg. 2 (Fishr+Intra-Geo)",
           summary="client gradient = weighted geometric mean of per-example (or "
                   "mini-batch) gradients, arithmetic mean across clients + lambda * grad "
-                  "Fishr, server AdamW")
+                  "Fishr, server AdamW",
+          fixed=FEDSGD_FIXED)
 def fishr_intra_geo(*, fishr_lambda: float = 15.0, intra_groups=None, intra_chunk: int = 64,
                     server_optimizer: str = "adamw", server_lr: float = 3e-4,
                     weight_decay: float = 0.01, b1: float = 0.9, b2: float = 0.999,
@@ -671,7 +676,8 @@ def fishr_intra_geo(*, fishr_lambda: float = 15.0, intra_groups=None, intra_chun
 
 @register("fishr_intra_arith", paper="FedILC §5 (Fishr+Intra-Arith baseline)",
           summary="FedSGD (arithmetic mean of client gradients) + lambda * grad Fishr, "
-                  "server AdamW")
+                  "server AdamW",
+          fixed=FEDSGD_FIXED)
 def fishr_intra_arith(*, fishr_lambda: float = 15.0, server_optimizer: str = "adamw",
                       server_lr: float = 3e-4, weight_decay: float = 0.01, b1: float = 0.9,
                       b2: float = 0.999, eps: float = 1e-8, batch_size=None,
@@ -706,7 +712,8 @@ def fishr_intra_arith(*, fishr_lambda: float = 15.0, server_optimizer: str = "ad
 
 @register("fedcurv", paper="Shoham et al. 2019 (FedCurv); FedILC §5 baseline",
           summary="local training + lambda * sum_{j!=i} F_j (theta - theta_j)^2 from pool "
-                  "sums of diagonal Fishers, server AdamW")
+                  "sums of diagonal Fishers, server AdamW",
+          fixed=("weight_decay",))
 def fedcurv(*, curv_lambda: float = 1.0, client_optimizer: str = "sgd",
             client_lr: float = 1.0, local_steps: int = 1, batch_size=None,
             client_weight_decay: float = 0.0, fisher_chunk: int = 64,
@@ -720,6 +727,10 @@ def fedcurv(*, curv_lambda: float = 1.0, client_optimizer: str = "sgd",
   (clients never sampled contribute nothing). Implemented with pool sums (see
   ``fedcurv_component``). The pseudo-gradients ``w − θ̂_i`` are averaged (weighted by
   client size with ``weighting='num_examples'``) and fed to the server optimizer.
+
+  ``weight_decay`` is the *server* optimizer's decay, as for the other FedILC methods (so
+  the registry marks it ``fixed``: a task's client weight decay is not routed to it; pass
+  ``client_weight_decay`` for the clients).
 
   Defaults put FedCurv on FedILC's footing (one full-batch ``sgd(1.0)`` step, i.e. FedSGD
   plus the curvature term, server AdamW lr 3e-4 wd 0.01); Shoham et al.'s setting is

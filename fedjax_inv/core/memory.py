@@ -23,7 +23,9 @@ The estimate (bytes, float32 unless the pytrees say otherwise)::
                      + activations        2 · B · a      (forward values kept for the
                                                           backward pass + their
                                                           cotangents)
-                     + the minibatch      B · |x|
+                     + the minibatches    m · B · (|x| + |y|)   (m = K when the engine
+                                                          pre-gathers all K local steps'
+                                                          minibatches, else 1)
 
 with ``g = 1`` for vmap and ``g = 2`` for scan / chunked (XLA keeps the gathered cohort
 and the loop's own copy of it), ``R = C`` (vmap), ``1`` (scan), ``k`` (chunked; ``k`` =
@@ -215,9 +217,17 @@ def round_memory(model, algorithm, cohort: int, n_max: int, feature_shape: Seque
   act = activation_bytes_per_example(model, feature_shape, forward)
   x_bytes = math.prod(feature_shape) * 4
   b = algorithm.batch_size or n_max
+  # The engine gathers all K minibatches of a client at once when they are small
+  # (engine.PREGATHER_BYTES); otherwise one minibatch per local step.
+  batches = 1
+  if algorithm.batch_size is not None:
+    from fedjax_inv.core import engine
+    k = algorithm.local_steps
+    if k * b * x_bytes <= getattr(engine, "PREGATHER_BYTES", 0):
+      batches = k
 
   per_client = (4 * p + opt + stats + 2 * cstate + n_msgs * p
-                + 2 * b * act + b * (x_bytes + label_bytes))
+                + 2 * b * act + batches * b * (x_bytes + label_bytes))
   resident = _resident(strategy, cohort, chunk_size, num_devices)
   shard = lambda v: -(-v // num_devices)  # noqa: E731
   # scan / chunked: XLA keeps the gathered cohort and the loop's own copy of it (measured

@@ -600,8 +600,11 @@ def rotated_mnist(data_dir=None, source="auto", download=False, seed=0, holdout=
   }
   return Task("rotated_mnist", "multiclass", _stack(lodo["train"]), eval_sets,
               models.cnn(1, tuple(channels), 10), info,
+              # FedSR §4.2 trains 500 epochs with SGD lr 1e-3, batch 64, E=5 — far beyond
+              # a CPU budget. On CPU, Adam 1e-3 learns much faster in few rounds (15
+              # rounds, holdout 0°, seed 0: val acc 0.32 vs 0.22 for SGD-momentum 0.05).
               defaults=dict(rounds=50, eval_every=5, local_steps=5, batch_size=64,
-                            client_optimizer="sgd", client_lr=0.01, weight_decay=0.0))
+                            client_optimizer="adam", client_lr=1e-3, weight_decay=0.0))
 
 
 @register_task("rotated_cifar10", paper="FedILC §5.1.2 (Table 1, Table 5)",
