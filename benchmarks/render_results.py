@@ -32,8 +32,10 @@ def render(payload: dict) -> str:
             "| compile s | GFLOP/round | GFLOP/s | % peak | est. MB | XLA temp MB | "
             "RSS Δ MB | note |",
             "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    order = ["loop", "auto", "scan", "vmap", "chunked", "sharded"]
     for r in sorted((r for r in rows if r["workload"] == w),
                     key=lambda r: (r["clients"], r.get("source") != "fedjax_inv",
+                                   order.index(r["impl"]) if r["impl"] in order else 9,
                                    r["impl"])):
       t = (f"{r['round_s']:.4g} ({r['round_s_min']:.3g}–{r['round_s_max']:.3g})"
            if r.get("round_s") else "skipped")

@@ -884,11 +884,19 @@ def plot_throughput(rows: list[dict], path: str, workload: str = "mlp_fedavg") -
   series: dict = {}
   for r in rows:
     if r["workload"] == workload and r.get("client_updates_per_s"):
-      series.setdefault(r["impl"], []).append((r["clients"], r["client_updates_per_s"]))
-  fig, ax = plt.subplots(figsize=(7, 4.5))
-  for impl, pts in sorted(series.items()):
+      label = r["impl"]
+      if label == "auto":
+        label = f"auto (-> {r.get('strategy')})"
+      elif r.get("source") == "peer":
+        label = "peer: " + label
+      series.setdefault(label, []).append((r["clients"], r["client_updates_per_s"]))
+  fig, ax = plt.subplots(figsize=(8, 5))
+  for label, pts in sorted(series.items(), key=lambda kv: (kv[0].startswith("peer"), kv[0])):
     pts.sort()
-    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=impl)
+    auto = label.startswith("auto")
+    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="s" if auto else "o",
+            linestyle="--" if label.startswith("peer") else "-", linewidth=4 if auto else 1.5,
+            alpha=0.5 if auto else 1.0, label=label)
   ax.set_xscale("log")
   ax.set_yscale("log")
   ax.set_xlabel("clients per round C")

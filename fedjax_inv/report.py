@@ -131,7 +131,7 @@ def plot_curves(path, runs: list[dict], title: str = "",
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
-  fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
+  fig, ax = plt.subplots(figsize=(7, 4.8), dpi=120)
   algos = list(dict.fromkeys(r["algorithm"] for r in runs))
   colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
   first = runs[0]["history"][0]
@@ -156,7 +156,8 @@ def plot_curves(path, runs: list[dict], title: str = "",
     ax.set_ylim(0, 1)
     ax.axhline(0.5, color="grey", lw=0.6, ls=":")
   ax.set_title(title, fontsize=9)
-  ax.legend(fontsize=7, ncol=2 if len(algos) > 2 else 1)
+  ax.legend(fontsize=7, ncol=min(4, 2 * len(algos)), loc="upper center",
+            bbox_to_anchor=(0.5, -0.14), frameon=False)
   ax.grid(alpha=0.3)
   fig.tight_layout()
   fig.savefig(path)

@@ -15,8 +15,8 @@ def test_list(capsys):
 
 def test_run_writes_outputs_with_stable_schema(tmp_path, capsys):
   out = tmp_path / "r1"
-  rc = cli.main(["run", "--rounds", "3", "--eval-every", "1", "--out", str(out),
-                 "--no-progress"])
+  rc = cli.main(["run", "--algorithm", "fedavg", "--seeds", "1", "--rounds", "3",
+                 "--eval-every", "1", "--out", str(out), "--no-progress"])
   assert rc == 0
   summary = json.loads((out / "summary.json").read_text())
   for k in ("task", "algorithm", "seed", "rounds", "num_clients", "final"):
@@ -33,9 +33,24 @@ def test_run_writes_outputs_with_stable_schema(tmp_path, capsys):
   assert not list(tmp_path.glob(".r1.tmp-*"))  # nothing half-written left
 
 
+def test_default_run_is_the_three_seed_comparison(tmp_path, capsys):
+  out = tmp_path / "cmp"
+  assert cli.main(["run", "--rounds", "2", "--out", str(out), "--no-progress"]) == 0
+  s = json.loads((out / "summary.json").read_text())
+  algos = ["fedavg", "inv_fedavg", "fediir", "fishr_inter_geo"]
+  assert s["algorithm"] == algos and s["seed"] == [0, 1, 2]
+  assert [r["algorithm"] for r in s["table"]] == algos
+  assert all(r["seeds"] == 3 and "ood_accuracy_std" in r for r in s["table"])
+  per_run = json.loads((out / "inv_fedavg" / "seed1" / "summary.json").read_text())
+  assert per_run["algorithm"] == "inv_fedavg" and per_run["seed"] == 1
+  assert "final" in per_run and "ood_accuracy" in per_run["final"]
+  assert "± " in (out / "results.md").read_text()
+  assert (out / "curves.png").stat().st_size > 1000
+
+
 def test_config_file_yaml_and_flag_override(tmp_path):
   cfg = tmp_path / "exp.yaml"
-  cfg.write_text("algorithm: fedprox\nrounds: 2\nhparams:\n  mu: 0.5\nseed: 3\n")
+  cfg.write_text("algorithm: fedprox\nrounds: 2\nhparams:\n  mu: 0.5\nseed: 3\nseeds: 1\n")
   out = tmp_path / "r2"
   assert cli.main(["run", "--config", str(cfg), "--seed", "4", "--out", str(out),
                    "--no-progress"]) == 0

@@ -93,7 +93,7 @@ def bench_fedjax(C: int, warmup: int, rounds: int) -> dict:
   import numpy as np
 
   shim = ""
-  if not hasattr(jax, "tree_map"):
+  if getattr(jax, "tree_map", None) is jax.tree.map or not hasattr(jax, "tree_map"):
     # fedjax/core/tree_util.py (tree_weight, tree_zeros_like, used by fed_avg) calls
     # jax.tree_map, removed from JAX; without this the round fails with
     # "AttributeError: module 'jax' has no attribute 'tree_map'".
@@ -233,8 +233,7 @@ def bench_torch(C: int, warmup: int, rounds: int, threads: int | None = None) ->
   n = torch.get_num_threads()
   return row(f"torch {torch.__version__.split('+')[0]} loop ({n} thread{'s' * (n > 1)})",
              C, first, times,
-             note=f"per-client Python loop, torch.optim.SGD, {torch.get_num_threads()} "
-             "threads")
+             note=f"per-client Python loop, torch.optim.SGD, torch.set_num_threads({n})")
 
 
 PEERS = {"fedjax": bench_fedjax, "drjax": bench_drjax, "torch": bench_torch,
