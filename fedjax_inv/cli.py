@@ -187,7 +187,7 @@ def main(argv=None) -> int:
     if args.command == "list":
       return cmd_list(args)
     return args.func(args)
-  except (ValueError, FileNotFoundError, RuntimeError) as e:
+  except (ValueError, FileNotFoundError, RuntimeError, MemoryError) as e:
     print(f"fedjax-inv: error: {e}", file=sys.stderr)
     return 2
 

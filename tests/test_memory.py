@@ -21,10 +21,12 @@ def est(strategy="vmap", cohort=64, n_max=N_MAX, feat=FEAT, chunk=None, alg=ALG,
 
 
 def test_estimate_is_monotone():
-  # in the cohort, for every strategy (the gathered cohort data grows even under scan)
+  # in the cohort: non-decreasing for every strategy; under 'scan' / 'chunked' clients
+  # read their pool rows inside the loop, so only 'vmap' grows with the cohort.
   for s in ("vmap", "scan", "chunked"):
     sizes = [est(s, cohort=c, chunk=8) for c in (8, 16, 64, 256)]
-    assert sizes == sorted(sizes) and sizes[0] < sizes[-1], (s, sizes)
+    assert sizes == sorted(sizes), (s, sizes)
+    assert (sizes[0] < sizes[-1]) == (s == "vmap"), (s, sizes)
   # in n_max and in the input size
   assert est(n_max=16) < est(n_max=64) < est(n_max=256)
   cnn = models.cnn(1, (4,), 3)

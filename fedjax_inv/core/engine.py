@@ -37,7 +37,7 @@ from fedjax_inv.core.data import ClientData
 
 PyTree = Any
 STRATEGIES = ("auto", "vmap", "scan", "chunked")
-SCAN_UNROLL = 2  # clients per 'scan' loop iteration; see benchmarks/RESULTS.md
+SCAN_UNROLL = 1  # clients per 'scan' loop iteration; see benchmarks/RESULTS.md
 # Local steps per iteration of the local-training loop; None = all of them (fully
 # unrolled) on CPU when local_steps <= LOCAL_UNROLL_MAX, else 1.
 LOCAL_UNROLL = None
@@ -301,7 +301,7 @@ def build_round(model, kind: str, algorithm: Algorithm, num_clients: int,
                 clients_per_round: int, execution: str = "auto",
                 chunk_size: int | None = None, mesh: Mesh | None = None,
                 jit: bool = True, unroll: int | None = None,
-                feature_shape: tuple | None = None) -> Callable:
+                feature_shape: tuple | None = None, n_max: int | None = None) -> Callable:
   """Builds one federated round as a single (jitted) function.
 
   Args:
@@ -316,6 +316,8 @@ def build_round(model, kind: str, algorithm: Algorithm, num_clients: int,
     unroll: clients per loop iteration under 'scan' (default ``SCAN_UNROLL``).
     feature_shape: per-example input shape; lets ``auto`` inspect the model (conv → vmap
       on CPU). Without it ``auto`` assumes a dense model.
+    n_max: padded examples per client; with ``feature_shape`` it enables the memory
+      estimate (``core/memory.py``) before compiling.
 
   Returns:
     ``round_fn(server: ServerState, client_states: dict, data: ClientData, key) ->
@@ -324,6 +326,8 @@ def build_round(model, kind: str, algorithm: Algorithm, num_clients: int,
 
   Raises:
     ValueError: bad cohort size or strategy name (before any compile).
+    DoesNotFitError (a MemoryError and ValueError): an explicit strategy whose estimated
+      memory exceeds the device's budget (message: the numbers and the fix).
   """
   losses.check_kind(kind)
   if not 1 <= clients_per_round <= num_clients:
@@ -334,6 +338,24 @@ def build_round(model, kind: str, algorithm: Algorithm, num_clients: int,
     has_conv = model_has_conv(model, feature_shape)
   strategy = resolve_strategy(execution, clients_per_round, has_conv=has_conv)
   chunk = chunk_size or min(clients_per_round, 64)
+  if feature_shape is not None and n_max is not None:
+    # Memory check before compiling (core/memory.py): 'auto' chunks instead of running
+    # out of memory; an explicit strategy that cannot fit raises DoesNotFitError (a
+    # ValueError) naming the estimate, the budget and the fix.
+    from fedjax_inv.core import memory
+    ndev = mesh.devices.size if mesh is not None else 1
+    if execution == "auto" and strategy == "vmap":
+      try:
+        memory.check_fits(model, algorithm, clients_per_round, n_max, feature_shape,
+                          "vmap", num_devices=ndev)
+      except memory.DoesNotFitError:
+        strategy = "chunked"
+        chunk = memory.choose_chunk_size(model, algorithm, clients_per_round, n_max,
+                                         feature_shape, num_devices=ndev)
+    else:
+      memory.check_fits(model, algorithm, clients_per_round, n_max, feature_shape,
+                        strategy, chunk if strategy == "chunked" else None,
+                        num_devices=ndev)
   unroll = SCAN_UNROLL if unroll is None else int(unroll)
   comps = algorithm.components
   pre_comps = [c for c in comps if c.pre_message is not None]

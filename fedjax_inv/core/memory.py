@@ -230,10 +230,10 @@ def round_memory(model, algorithm, cohort: int, n_max: int, feature_shape: Seque
                 + 2 * b * act + batches * b * (x_bytes + label_bytes))
   resident = _resident(strategy, cohort, chunk_size, num_devices)
   shard = lambda v: -(-v // num_devices)  # noqa: E731
-  # scan / chunked: XLA keeps the gathered cohort and the loop's own copy of it (measured
-  # with compiled.memory_analysis(): temp ~ 2x the gathered data for a small MLP).
-  copies = 1 if strategy == "vmap" else 2
-  cohort_data = shard(copies * cohort * (n_max * (x_bytes + label_bytes) + 4))
+  # Clients read their rows of the (already resident) pool inside the map, so only the
+  # clients resident at once hold a copy of their data: all C under 'vmap', a chunk under
+  # 'chunked', one under 'scan'.
+  cohort_data = shard(resident * num_devices * (n_max * (x_bytes + label_bytes) + 4))
   outputs = shard(cohort * cstate)
   total = cohort_data + resident * per_client + outputs + server
   return RoundMemory(total=int(total), resident_clients=int(resident),

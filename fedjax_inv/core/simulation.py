@@ -68,7 +68,7 @@ def run(task, algorithm, *, rounds: int, clients_per_round: int | None = None,
   model = algorithm.model_for(task.model)
   round_fn = build_round(model, task.kind, algorithm, num_clients, cohort,
                          execution=execution, chunk_size=chunk_size, mesh=mesh,
-                         feature_shape=task.train.feature_shape)
+                         feature_shape=task.train.feature_shape, n_max=task.train.n_max)
   evaluate = build_evaluator(model, task.kind, algorithm)
   params = model.init(seed)
   server, cstates = init_state(algorithm, params, num_clients)
