@@ -1023,6 +1023,17 @@ def _plan(args) -> tuple[dict, list[tuple[list, tuple, tuple]]]:
   return cfg, plan
 
 
+def _write_json(path: str | None, payload: dict) -> None:
+  """Writes ``payload`` to ``path`` (also after every configuration, with
+  ``meta.partial = True``, so an interrupted run keeps what it measured)."""
+  if not path or path == "-":
+    return
+  pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)
+  tmp = pathlib.Path(str(path) + ".tmp")
+  tmp.write_text(json.dumps(payload, indent=1, default=str))
+  tmp.replace(path)
+
+
 def cmd_bench(args) -> int:
   """Runs the benchmark plan; prints the table (and JSON with ``--json``). Exit 0."""
   cfg, plan = _plan(args)
@@ -1062,6 +1073,8 @@ def cmd_bench(args) -> int:
                            budget_s=cfg["budget_s"], peak_flops=peak,
                            chunk_size=args.chunk_size, history=history,
                            max_impl_s=cfg["max_impl_s"], log=log)
+        _write_json(args.json, dict(meta=dict(meta, partial=True), rows=rows, notes=notes,
+                                    summary=summarize(rows)))
   if args.peers:
     mlp_clients = sorted({r["clients"] for r in rows if r["workload"] == "mlp_fedavg"})
     prow, pnotes = run_peers(args.peers_python, mlp_clients or [10, 100], cfg["warmup"],
@@ -1084,13 +1097,10 @@ def cmd_bench(args) -> int:
         f"{meta['devices']} device(s); load {meta['loadavg_start']} -> "
         f"{meta.get('loadavg_end')}; {meta['seconds']:.0f} s")
   payload = dict(meta=meta, rows=rows, notes=notes, summary=summary)
-  if args.json:
-    text = json.dumps(payload, indent=1, default=str)
-    if args.json == "-":
-      print(text)
-    else:
-      pathlib.Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-      pathlib.Path(args.json).write_text(text)
+  if args.json == "-":
+    print(json.dumps(payload, indent=1, default=str))
+  else:
+    _write_json(args.json, payload)
   if args.plot:
     plot_throughput(rows, args.plot)
   return 0

@@ -344,16 +344,18 @@ def build_round(model, kind: str, algorithm: Algorithm, num_clients: int,
     # ValueError) naming the estimate, the budget and the fix.
     from fedjax_inv.core import memory
     ndev = mesh.devices.size if mesh is not None else 1
+    # ``model`` is already the algorithm's model (model_transform applied by the caller).
+    alg_m = algorithm.replace(model_transform=None)
     if execution == "auto" and strategy == "vmap":
       try:
-        memory.check_fits(model, algorithm, clients_per_round, n_max, feature_shape,
+        memory.check_fits(model, alg_m, clients_per_round, n_max, feature_shape,
                           "vmap", num_devices=ndev)
       except memory.DoesNotFitError:
         strategy = "chunked"
-        chunk = memory.choose_chunk_size(model, algorithm, clients_per_round, n_max,
+        chunk = memory.choose_chunk_size(model, alg_m, clients_per_round, n_max,
                                          feature_shape, num_devices=ndev)
     else:
-      memory.check_fits(model, algorithm, clients_per_round, n_max, feature_shape,
+      memory.check_fits(model, alg_m, clients_per_round, n_max, feature_shape,
                         strategy, chunk if strategy == "chunked" else None,
                         num_devices=ndev)
   unroll = SCAN_UNROLL if unroll is None else int(unroll)
