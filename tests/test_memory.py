@@ -137,3 +137,14 @@ def test_bad_arguments_raise_value_error(kw, match):
 def test_bad_fraction_raises():
   with pytest.raises(ValueError, match="fraction=1.5"):
     memory.check_fits(MODEL, ALG, 8, N_MAX, FEAT, "scan", fraction=1.5)
+
+
+def test_per_sample_gradient_estimators_are_counted():
+  """FedILC's intra-silo geometric mean works on per-sample gradients: the estimate must
+  grow by at least B parameter copies per resident client (XLA measured ~6)."""
+  intra = make_algorithm("fishr_intra_geo")
+  base = make_algorithm("fedsgd")
+  assert intra.batch_size is None and any(c.grad_estimator for c in intra.components)
+  p = memory.round_memory(MODEL, base, 4, N_MAX, FEAT, "vmap").params
+  extra = est("vmap", cohort=4, alg=intra) - est("vmap", cohort=4, alg=base)
+  assert extra >= 4 * N_MAX * p

@@ -37,7 +37,7 @@ from fedjax_inv.core.data import ClientData
 
 PyTree = Any
 STRATEGIES = ("auto", "vmap", "scan", "chunked")
-SCAN_UNROLL = 1  # clients per 'scan' loop iteration; see benchmarks/RESULTS.md
+SCAN_UNROLL = 4  # clients per 'scan' loop iteration; see benchmarks/RESULTS.md
 # Local steps per iteration of the local-training loop; None = all of them (fully
 # unrolled) on CPU when local_steps <= LOCAL_UNROLL_MAX, else 1.
 LOCAL_UNROLL = None

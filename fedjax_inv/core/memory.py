@@ -10,7 +10,7 @@ message, before XLA would run out of memory.
 
 The estimate (bytes, float32 unless the pytrees say otherwise)::
 
-    total = gathered cohort data      g · C · (n_max · |x| + n_max · |y| + 4)   / D
+    total = resident clients' data    R · (n_max · |x| + n_max · |y| + 4)
           + resident clients R  ×  per-client bytes
           + stacked per-client outputs    C · |client state|                    / D
           + server state                  |params| + |server opt state| + |extras|
@@ -20,6 +20,9 @@ The estimate (bytes, float32 unless the pytrees say otherwise)::
                      + |client opt state| + |lifted aggregator stats|
                      + 2 · |client state| (gathered in, updated out)
                      + |params| per message / pre-message component
+                     + 6 · B · |params|  when a component replaces the gradient
+                                          estimator (per-sample gradients, FedILC
+                                          intra-silo geometric mean)
                      + activations        2 · B · a      (forward values kept for the
                                                           backward pass + their
                                                           cotangents)
@@ -27,8 +30,7 @@ The estimate (bytes, float32 unless the pytrees say otherwise)::
                                                           pre-gathers all K local steps'
                                                           minibatches, else 1)
 
-with ``g = 1`` for vmap and ``g = 2`` for scan / chunked (XLA keeps the gathered cohort
-and the loop's own copy of it), ``R = C`` (vmap), ``1`` (scan), ``k`` (chunked; ``k`` =
+with ``R = C`` (vmap), ``1`` (scan), ``k`` (chunked; ``k`` =
 the largest divisor of ``C`` that is ``<= chunk_size``, the engine's rule), ``D`` devices
 over which the client axis is sharded (``R`` becomes ``ceil(R / D)``), ``B`` =
 ``algorithm.batch_size`` (or ``n_max`` for full-batch clients) and ``a`` the per-example
@@ -36,9 +38,11 @@ activation bytes of the model (every intermediate of one forward pass that grows
 batch, counted from the jaxpr at batch sizes 1 and 2). The client pool itself
 (``data.x.nbytes`` …) is resident before the round and is *not* included.
 
-It is an estimate, on the safe side: XLA fuses some intermediates away. Measured against
-``compiled.memory_analysis()`` (temp + output bytes) of MLP FedAvg rounds it was 1.7–1.9×
-XLA's number under vmap / chunked and 1.0–1.9× under scan; ``tests/test_memory.py``
+Clients read their rows of the pool inside the map (engine), so only the resident
+clients hold a copy of their data. It is an estimate, mostly on the safe side: measured
+against ``compiled.memory_analysis()`` (temp + output bytes) it was 1.0–1.9× XLA's number
+for MLP rounds (FedAvg, fishr_intra_geo), but 0.23× for a ConvNet under vmap (convolution
+backward intermediates are not in the forward-activation count); ``tests/test_memory.py``
 checks the order of magnitude and the monotonicity in ``C``, ``n_max``, the input size
 and the resident clients.
 
@@ -76,7 +80,7 @@ class RoundMemory:
     per_client: bytes per resident client (params copies + optimizer + stats +
       activations + minibatch).
     activations_per_example: forward intermediates per example (``a``).
-    cohort_data: the gathered ``[C, n_max, ...]`` data of the sampled clients (per device).
+    cohort_data: the data rows of the resident clients (per device).
     outputs: stacked per-client outputs (client state) (per device).
     server: server params, server optimizer state and component server state.
     params: bytes of one copy of the model parameters.
@@ -226,7 +230,14 @@ def round_memory(model, algorithm, cohort: int, n_max: int, feature_shape: Seque
     if k * b * x_bytes <= getattr(engine, "PREGATHER_BYTES", 0):
       batches = k
 
-  per_client = (4 * p + opt + stats + 2 * cstate + n_msgs * p
+  # A replaced gradient estimator (FedILC's intra-silo geometric mean) works on per-sample
+  # gradients: B copies of the parameters, and XLA keeps several such [B, |params|]
+  # arrays alive (gradients, log-magnitudes, signs, masks): XLA temp of fishr_intra_geo
+  # rounds (MLP 784-128-10, B = 64) was ~6 B |params| per resident client.
+  per_sample = 6 * b * p if any(c.grad_estimator is not None
+                                for c in algorithm.components) else 0
+
+  per_client = (4 * p + opt + stats + 2 * cstate + n_msgs * p + per_sample
                 + 2 * b * act + batches * b * (x_bytes + label_bytes))
   resident = _resident(strategy, cohort, chunk_size, num_devices)
   shard = lambda v: -(-v // num_devices)  # noqa: E731
@@ -353,8 +364,8 @@ def check_fits(model, algorithm, cohort: int, n_max: int, feature_shape: Sequenc
   raise DoesNotFitError(
       f"execution={strategy!r} with clients_per_round={cohort} (n_max={n_max}, "
       f"feature_shape={tuple(feature_shape)}, {m.resident_clients} clients resident per "
-      f"device) needs ~{_gib(m.total)} per device: {_gib(m.cohort_data)} gathered cohort "
-      f"data + {m.resident_clients} x {m.per_client / 2**20:.1f} MiB per client + "
+      f"device) needs ~{_gib(m.total)} per device: {_gib(m.cohort_data)} of resident "
+      f"clients' data + {m.resident_clients} x {m.per_client / 2**20:.1f} MiB per client + "
       f"{_gib(m.outputs + m.server)} outputs/server; the budget is {_gib(budget)} "
       f"({fraction:.0%} of {_gib(capacity)}). Fix: {fix}.")
 
@@ -389,7 +400,7 @@ def choose_chunk_size(model, algorithm, cohort: int, n_max: int,
   if fixed + base.per_client > budget:
     raise DoesNotFitError(
         f"clients_per_round={cohort} does not fit even one client at a time: "
-        f"~{_gib(base.total)} per device ({_gib(base.cohort_data)} gathered cohort data, "
+        f"~{_gib(base.total)} per device ({_gib(base.cohort_data)} client data, "
         f"{base.per_client / 2**20:.1f} MiB per client) > budget {_gib(budget)} "
         f"({fraction:.0%} of {_gib(capacity)}). Fix: lower clients_per_round, n_max, the "
         "batch size or the model size.")
