@@ -395,15 +395,7 @@ def _size(v) -> int:
   return math.prod(shape) if shape is not None else 0
 
 
-def _sub_jaxprs(eqn):
-  out = []
-  for v in eqn.params.values():
-    for item in (v if isinstance(v, (tuple, list)) else (v,)):
-      if hasattr(item, "eqns"):
-        out.append(item)
-      elif hasattr(getattr(item, "jaxpr", None), "eqns"):
-        out.append(item.jaxpr)
-  return out
+from fedjax_inv.core.memory import sub_jaxprs  # noqa: E402
 
 
 def _jaxpr_flops(jaxpr) -> float:
@@ -428,7 +420,7 @@ def _jaxpr_flops(jaxpr) -> float:
     elif name in _REDUCTIONS:
       total += sum(_size(v) for v in eqn.invars)
     else:
-      total += sum(_jaxpr_flops(s) for s in _sub_jaxprs(eqn))  # while: body once
+      total += sum(_jaxpr_flops(s) for s in sub_jaxprs(eqn))  # while: body once
   return total
 
 

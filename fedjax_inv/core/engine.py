@@ -99,18 +99,11 @@ def model_has_conv(model, feature_shape) -> bool:
   x = jax.ShapeDtypeStruct((1,) + tuple(feature_shape), jnp.float32)
   jaxpr = jax.make_jaxpr(model.features)(params, x)
 
+  from fedjax_inv.core.memory import sub_jaxprs
+
   def walk(jp):
-    for eqn in jp.eqns:
-      if "conv" in eqn.primitive.name:
-        return True
-      for sub in jax.core.subjaxprs(eqn) if hasattr(jax.core, "subjaxprs") else ():
-        if walk(sub):
-          return True
-      for v in eqn.params.values():
-        inner = getattr(v, "jaxpr", None)
-        if inner is not None and walk(getattr(inner, "jaxpr", inner)):
-          return True
-    return False
+    return any("conv" in e.primitive.name or any(walk(j) for j in sub_jaxprs(e))
+               for e in jp.eqns)
   return walk(jaxpr.jaxpr)
 
 

@@ -123,7 +123,7 @@ def _jaxpr_out_bytes(jaxpr) -> int:
   """Sum of the bytes of every equation output in ``jaxpr`` (recursing into calls)."""
   total = 0
   for eqn in jaxpr.eqns:
-    subs = _sub_jaxprs(eqn)
+    subs = sub_jaxprs(eqn)
     if subs:
       total += sum(_jaxpr_out_bytes(s) for s in subs)
     else:
@@ -131,7 +131,8 @@ def _jaxpr_out_bytes(jaxpr) -> int:
   return total
 
 
-def _sub_jaxprs(eqn):
+def sub_jaxprs(eqn) -> list:
+  """The jaxprs nested in one equation's params (scan/while/cond/pjit bodies)."""
   out = []
   for v in eqn.params.values():
     for item in (v if isinstance(v, (tuple, list)) else (v,)):
