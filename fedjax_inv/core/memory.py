@@ -1,12 +1,13 @@
 """Analytic memory estimate of one federated round, before anything is compiled.
 
 The engine (``core/engine.py``) runs a round as map-reduces over a client axis. How many
-clients are *resident at once* decides the memory: all ``C`` under ``vmap``, one under
-``scan``, ``chunk_size`` under ``chunked`` (divided by the number of devices when the
-client axis is sharded). This module estimates the bytes a round needs from the model,
-the algorithm and the data shapes only (``jax.eval_shape`` / ``jax.make_jaxpr``, no
-compilation, no device memory), so that a strategy can be chosen, or refused with a clear
-message, before XLA would run out of memory.
+clients are *resident at once* decides the memory: all ``C`` under ``vmap``, one loop
+iteration (``SCAN_UNROLL`` clients) under ``scan``, ``chunk_size`` under ``chunked``
+(divided by the number of devices when the client axis is sharded). This module
+estimates the bytes a round needs from the model, the algorithm and the data shapes only
+(``jax.eval_shape`` / ``jax.make_jaxpr``, no compilation, no device memory), so that a
+strategy can be chosen, or refused with a clear message, before XLA would run out of
+memory.
 
 The estimate (bytes, float32 unless the pytrees say otherwise)::
 
@@ -23,14 +24,17 @@ The estimate (bytes, float32 unless the pytrees say otherwise)::
                      + 6 · B · |params|  when a component replaces the gradient
                                           estimator (per-sample gradients, FedILC
                                           intra-silo geometric mean)
-                     + activations        2 · B · a      (forward values kept for the
+                     + activations        2 · U · B · a  (forward values kept for the
                                                           backward pass + their
-                                                          cotangents)
+                                                          cotangents; U = local steps
+                                                          unrolled together, K on CPU
+                                                          for K <= 16, else 1)
                      + the minibatches    m · B · (|x| + |y|)   (m = K when the engine
                                                           pre-gathers all K local steps'
                                                           minibatches, else 1)
 
-with ``R = C`` (vmap), ``1`` (scan), ``k`` (chunked; ``k`` =
+with ``R = C`` (vmap), ``min(C, engine.SCAN_UNROLL)`` (scan: the clients of one unrolled
+loop iteration), ``k`` (chunked; ``k`` =
 the largest divisor of ``C`` that is ``<= chunk_size``, the engine's rule), ``D`` devices
 over which the client axis is sharded (``R`` becomes ``ceil(R / D)``), ``B`` =
 ``algorithm.batch_size`` (or ``n_max`` for full-batch clients) and ``a`` the per-example
@@ -40,9 +44,10 @@ batch, counted from the jaxpr at batch sizes 1 and 2). The client pool itself
 
 Clients read their rows of the pool inside the map (engine), so only the resident
 clients hold a copy of their data. It is an estimate, mostly on the safe side: measured
-against ``compiled.memory_analysis()`` (temp + output bytes) it was 1.0–1.9× XLA's number
-for MLP rounds (FedAvg, fishr_intra_geo), but 0.23× for a ConvNet under vmap (convolution
-backward intermediates are not in the forward-activation count); ``tests/test_memory.py``
+against ``compiled.memory_analysis()`` (temp + output bytes) it was 1.0–2.1× XLA's number
+for MLP rounds (FedAvg, fishr_intra_geo) and 0.9–1.1× for the ConvNet (``benchmarks/
+RESULTS.md``; before unrolled local steps and scan iterations were counted, 0.05–0.23×
+for the ConvNet); ``tests/test_memory.py``
 checks the order of magnitude and the monotonicity in ``C``, ``n_max``, the input size
 and the resident clients.
 
@@ -173,7 +178,9 @@ def _resident(strategy: str, cohort: int, chunk_size: int | None, num_devices: i
   if strategy == "vmap":
     r = cohort
   elif strategy == "scan":
-    return 1
+    # XLA keeps the buffers of the clients of one unrolled loop iteration live together.
+    from fedjax_inv.core import engine
+    return max(1, min(cohort, engine.SCAN_UNROLL))
   else:
     r = _largest_divisor_at_most(cohort, chunk_size or min(cohort, 64))
   return max(1, -(-r // num_devices))
@@ -238,13 +245,17 @@ def round_memory(model, algorithm, cohort: int, n_max: int, feature_shape: Seque
   per_sample = 6 * b * p if any(c.grad_estimator is not None
                                 for c in algorithm.components) else 0
 
+  # Unrolled local steps (the engine unrolls short local loops on CPU) keep their
+  # activations live together: measured XLA temp of a ConvNet round grows ~K-fold.
+  from fedjax_inv.core import engine
+  live_steps = engine._local_unroll(algorithm.local_steps)
   per_client = (4 * p + opt + stats + 2 * cstate + n_msgs * p + per_sample
-                + 2 * b * act + batches * b * (x_bytes + label_bytes))
+                + 2 * live_steps * b * act + batches * b * (x_bytes + label_bytes))
   resident = _resident(strategy, cohort, chunk_size, num_devices)
   shard = lambda v: -(-v // num_devices)  # noqa: E731
   # Clients read their rows of the (already resident) pool inside the map, so only the
   # clients resident at once hold a copy of their data: all C under 'vmap', a chunk under
-  # 'chunked', one under 'scan'.
+  # 'chunked', one loop iteration under 'scan'.
   cohort_data = shard(resident * num_devices * (n_max * (x_bytes + label_bytes) + 4))
   outputs = shard(cohort * cstate)
   total = cohort_data + resident * per_client + outputs + server

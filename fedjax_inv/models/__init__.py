@@ -16,6 +16,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from fedjax_inv.models.conv import conv_general_dilated
+
 Params = Any
 
 
@@ -60,7 +62,8 @@ class CNN(nnx.Module):
     convs = []
     c = in_channels
     for i, ch in enumerate(channels):
-      convs.append(nnx.Conv(c, ch, kernel_size=(3, 3), rngs=rngs))
+      convs.append(nnx.Conv(c, ch, kernel_size=(3, 3), rngs=rngs,
+                            conv_general_dilated=conv_general_dilated))
       convs.append(nnx.relu)
       if i < len(channels) - 1:
         convs.append(lambda x: nnx.max_pool(x, (2, 2), strides=(2, 2)))

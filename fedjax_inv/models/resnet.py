@@ -41,6 +41,7 @@ import numpy as np
 from flax import nnx
 
 from fedjax_inv.models import FunctionalModel
+from fedjax_inv.models.conv import conv_general_dilated
 
 __all__ = [
     "ResNet",
@@ -80,7 +81,7 @@ def _norm(ch: int, groups: int, rngs: nnx.Rngs) -> nnx.GroupNorm:
 def _conv(cin: int, cout: int, k: int, stride: int, rngs: nnx.Rngs) -> nnx.Conv:
   return nnx.Conv(cin, cout, kernel_size=(k, k), strides=(stride, stride),
                   padding=[(k // 2, k // 2)] * 2, use_bias=False, kernel_init=_conv_init,
-                  rngs=rngs)
+                  conv_general_dilated=conv_general_dilated, rngs=rngs)
 
 
 class BasicBlock(nnx.Module):
