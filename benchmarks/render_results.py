@@ -20,7 +20,9 @@ def render(payload: dict) -> str:
       f"{meta.get('backend')} ({meta.get('devices')} device(s), {meta.get('device_kind')})",
       f"- JAX {meta.get('jax')}, Python {meta.get('python')}, {meta.get('platform')}",
       f"- date {meta.get('date')}; command `{meta.get('command')}`",
-      f"- measured f32 matmul peak: {fmt(meta.get('matmul_peak_gflops'), '{:.1f}')} GFLOP/s",
+      f"- measured f32 matmul peak: {fmt(meta.get('matmul_peak_gflops'), '{:.1f}')} GFLOP/s "
+      f"(large square matmul); the MLP step's own matmul shapes: "
+      f"{fmt(meta.get('mlp_step_matmul_peak_gflops'), '{:.1f}')} GFLOP/s",
       f"- load average at start {meta.get('loadavg_start')}, at end "
       f"{meta.get('loadavg_end')}; total {fmt(meta.get('seconds'), '{:.0f}')} s",
       f"- data: {meta.get('workload_data')}; local recipe {meta.get('local')}; "

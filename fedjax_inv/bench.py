@@ -466,6 +466,56 @@ def measure_matmul_peak(n: int = 2048, reps: int = 5) -> float:
   return 2.0 * n ** 3 / best
 
 
+def mlp_step_shapes(batch: int = LOCAL["batch_size"], sizes=(784, 128, NUM_CLASSES)
+                    ) -> list[tuple[int, int, int]]:
+  """``(m, k, n)`` of the matmuls in one SGD step of the MLP ``sizes`` on ``batch``
+  examples: per layer ``d_in → d_out`` the forward ``[B, d_in] @ [d_in, d_out]``, the
+  weight gradient ``[d_in, B] @ [B, d_out]`` and, above the first layer, the input
+  gradient ``[B, d_out] @ [d_out, d_in]``."""
+  out = []
+  for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
+    out += [(batch, a, b), (a, batch, b)] + ([(batch, b, a)] if i else [])
+  return out
+
+
+def measure_shape_peak(shapes, iters: int = 500, reps: int = 3) -> float:
+  """f32 FLOP/s of XLA running just the matmuls ``shapes`` (``(m, k, n)`` each) back to
+  back, ``iters`` times inside one ``lax.fori_loop`` (best of ``reps`` timed calls after a
+  warm-up): the matmul roofline of a workload made of small matrices, which on CPU is far
+  below :func:`measure_matmul_peak`'s large-square number. Each iteration writes one
+  element of every left operand from the loop carry, so nothing is hoisted out.
+
+  Raises:
+    ValueError: an empty ``shapes``, a non-positive dimension, ``iters < 1``, ``reps < 1``.
+  """
+  import jax
+  import jax.numpy as jnp
+  shapes = [tuple(int(d) for d in s) for s in shapes]
+  if not shapes or any(len(s) != 3 or min(s) < 1 for s in shapes) or iters < 1 or reps < 1:
+    raise ValueError(f"measure_shape_peak: shapes={shapes}, iters={iters}, reps={reps}; "
+                     "give (m, k, n) triples of positive ints and iters, reps >= 1.")
+  mats = [(jnp.full((m, k), 0.5, jnp.float32), jnp.full((k, n), 0.5, jnp.float32))
+          for m, k, n in shapes]
+
+  def body(_, carry):
+    acc, ops = carry
+    new = []
+    for a, b in ops:
+      a = a.at[0, 0].set(acc * 1e-30)
+      acc = acc + jnp.dot(a, b)[0, 0] * 1e-30
+      new.append((a, b))
+    return acc, new
+
+  run = jax.jit(lambda ops: jax.lax.fori_loop(0, iters, body, (jnp.float32(0), ops))[0])
+  run(mats).block_until_ready()
+  best = float("inf")
+  for _ in range(reps):
+    t0 = time.perf_counter()
+    run(mats).block_until_ready()
+    best = min(best, time.perf_counter() - t0)
+  return sum(2.0 * m * k * n for m, k, n in shapes) * iters / best
+
+
 def _proc_status(field: str) -> int | None:
   try:
     with open("/proc/self/status") as f:
@@ -645,8 +695,10 @@ def run_config(workload: Workload, C: int, impls: list[str], *, warmup: int, rou
     return None
 
   resolved_auto = _resolve_auto(model, kind, algorithm, C)
+  # With several devices the engine's users get 'vmap' sharded over the clients mesh.
+  auto_impl = "sharded" if ndev > 1 and resolved_auto == "vmap" else resolved_auto
   order = [i for i in impls if i != "auto"]
-  if "auto" in impls and resolved_auto not in order:
+  if "auto" in impls and auto_impl not in order:
     order.append("auto")
   measured: dict = {}
   for impl in order:
@@ -659,8 +711,9 @@ def run_config(workload: Workload, C: int, impls: list[str], *, warmup: int, rou
       rows.append(_row(workload, C, impl, note=slow))
       continue
     strategy = {"loop": "loop", "auto": resolved_auto, "sharded": "vmap"}.get(impl, impl)
-    mesh = engine.client_mesh() if impl == "sharded" else None
-    nd = ndev if impl == "sharded" else 1
+    sharded = impl == "sharded" or (impl == "auto" and auto_impl == "sharded")
+    mesh = engine.client_mesh() if sharded else None
+    nd = ndev if sharded else 1
     est = None
     if strategy != "loop":
       try:
@@ -731,16 +784,16 @@ def run_config(workload: Workload, C: int, impls: list[str], *, warmup: int, rou
     if impl == "sharded":
       row["note"] = f"vmap over a {ndev}-device 'clients' mesh"
     rows.append(row)
-    measured[strategy if impl != "auto" else "auto"] = row
+    measured[impl if impl in ("auto", "sharded") else strategy] = row
     del rf, call
   if "auto" in impls and "auto" not in measured:
-    src = measured.get(resolved_auto)
+    src = measured.get(auto_impl)
     if src is not None:
-      rows.append(dict(src, impl="auto", note=f"auto -> {resolved_auto}: the same "
-                       f"compiled round as the '{resolved_auto}' row"))
+      rows.append(dict(src, impl="auto", note=f"auto -> {auto_impl}: the same "
+                       f"compiled round as the '{auto_impl}' row"))
     else:
       rows.append(_row(workload, C, "auto", strategy=resolved_auto,
-                       note=f"auto -> {resolved_auto}, which was skipped"))
+                       note=f"auto -> {auto_impl}, which was skipped"))
   loop = next((r for r in rows if r["impl"] == "loop" and r["round_s"]), None)
   for r in rows:
     if loop and r["round_s"]:
@@ -1026,14 +1079,26 @@ def _write_json(path: str | None, payload: dict) -> None:
   tmp.replace(path)
 
 
+def _backends_started() -> bool:
+  """Whether JAX has created its backends (after which XLA_FLAGS has no effect)."""
+  if "jax" not in sys.modules:
+    return False
+  try:
+    from jax._src import xla_bridge
+    return bool(xla_bridge.backends_are_initialized())
+  except (ImportError, AttributeError):  # private API moved: assume the worst
+    return True
+
+
 def cmd_bench(args) -> int:
   """Runs the benchmark plan; prints the table (and JSON with ``--json``). Exit 0."""
   cfg, plan = _plan(args)
   if args.host_devices:
-    if "jax" in sys.modules:
-      print("fedjax-inv bench: JAX is already imported; --host-devices is ignored.",
+    if _backends_started():
+      print("fedjax-inv bench: JAX's backends are already initialized; --host-devices is "
+            "ignored (set XLA_FLAGS=--xla_force_host_platform_device_count=N instead).",
             file=sys.stderr)
-    else:
+    else:  # XLA reads the flag when the CPU backend starts, not at `import jax`
       os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                                  f" --xla_force_host_platform_device_count="
                                  f"{args.host_devices}").strip()
@@ -1052,6 +1117,9 @@ def cmd_bench(args) -> int:
     log(f"measuring f32 matmul peak (n={cfg['matmul_n']}) ...")
     peak = measure_matmul_peak(cfg["matmul_n"])
   meta["matmul_peak_gflops"] = None if peak is None else peak / 1e9
+  if not args.no_matmul_peak:
+    log("measuring the MLP step's matmul roofline (batch 32, 784-128-10) ...")
+    meta["mlp_step_matmul_peak_gflops"] = measure_shape_peak(mlp_step_shapes()) / 1e9
   known = registry()
   rows, notes, history = [], [], {}
   for ws, clients, impls in plan:
@@ -1079,12 +1147,18 @@ def cmd_bench(args) -> int:
     pass
   meta["seconds"] = time.perf_counter() - t_start
   summary = summarize(rows)
+  shape_peak = meta.get("mlp_step_matmul_peak_gflops")
+  summary["auto_pct_of_mlp_step_matmul_peak"] = {
+      r["clients"]: 100.0 * r["gflops"] / shape_peak for r in rows
+      if shape_peak and r["workload"] == "mlp_fedavg" and r["impl"] == "auto"
+      and r.get("gflops")}
   print(format_table(rows))
   if notes:
     print("\n" + "\n".join(notes))
   print("\nsummary: " + json.dumps({k: v for k, v in summary.items() if k != "targets"},
                                    default=str))
-  print(f"matmul peak {_fmt(meta['matmul_peak_gflops'], '{:.1f}')} GFLOP/s; "
+  print(f"matmul peak {_fmt(meta['matmul_peak_gflops'], '{:.1f}')} GFLOP/s (MLP step "
+        f"shapes: {_fmt(meta.get('mlp_step_matmul_peak_gflops'), '{:.1f}')}); "
         f"{meta['cpu']}, {meta['cores']} cores, jax {meta['jax']}, "
         f"{meta['devices']} device(s); load {meta['loadavg_start']} -> "
         f"{meta.get('loadavg_end')}; {meta['seconds']:.0f} s")

@@ -170,3 +170,12 @@ def test_cli_bench_writes_rows_with_ratio_vs_loop(tmp_path, capsys):
 def test_cli_bench_rejects_bad_flags(argv, match, capsys):
   assert main(["bench", "--no-matmul-peak"] + argv) == 2
   assert match in capsys.readouterr().err
+
+
+def test_mlp_step_shapes_and_shape_peak():
+  # 784-128-10 at batch 32: fwd + weight grad per layer, input grad above the first.
+  assert bench.mlp_step_shapes(32, (784, 128, 10)) == [
+      (32, 784, 128), (784, 32, 128), (32, 128, 10), (128, 32, 10), (32, 10, 128)]
+  assert bench.measure_shape_peak([(4, 5, 6)], iters=3, reps=1) > 0
+  with pytest.raises(ValueError, match="shapes"):
+    bench.measure_shape_peak([(4, 0, 6)])
