@@ -44,7 +44,7 @@ batch, counted from the jaxpr at batch sizes 1 and 2). The client pool itself
 
 Clients read their rows of the pool inside the map (engine), so only the resident
 clients hold a copy of their data. It is an estimate, mostly on the safe side: measured
-against ``compiled.memory_analysis()`` (temp + output bytes) it was 1.0–2.1× XLA's number
+against ``compiled.memory_analysis()`` (temp + output bytes) it was 1.0–3.4× XLA's number
 for MLP rounds (FedAvg, fishr_intra_geo) and 0.9–1.1× for the ConvNet (``benchmarks/
 RESULTS.md``; before unrolled local steps and scan iterations were counted, 0.05–0.23×
 for the ConvNet); ``tests/test_memory.py``
