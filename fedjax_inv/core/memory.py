@@ -406,8 +406,8 @@ def choose_chunk_size(model, algorithm, cohort: int, n_max: int,
   if max_chunk is not None and int(max_chunk) < 1:
     raise ValueError(f"max_chunk={max_chunk}; it must be >= 1.")
   # The estimate is affine in the number of resident clients: solve, then round down.
-  base = round_memory(model, algorithm, cohort, n_max, feature_shape, "scan",
-                      num_devices=num_devices)
+  base = round_memory(model, algorithm, cohort, n_max, feature_shape, "chunked", 1,
+                      num_devices=num_devices)  # one resident client
   fixed = base.total - base.per_client
   if fixed + base.per_client > budget:
     raise DoesNotFitError(
