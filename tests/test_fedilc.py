@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from fedjax_inv import aggregators as aggs
-from fedjax_inv import penalties
+from fedjax_inv import models, penalties
 from fedjax_inv.algorithms import make_algorithm, registry
 from fedjax_inv.algorithms import fedilc
 from fedjax_inv.core import losses
@@ -589,3 +589,42 @@ def test_fishr_rejects_regression_before_running():
   with pytest.raises(ValueError, match="regression"):
     fedilc.client_grad_variance(model, "regression", model.init(0), jnp.zeros((3, 6)),
                                 jnp.zeros((3,)), jnp.int32(3))
+
+
+@pytest.mark.parametrize("kind,outputs", [("binary", 1), ("multiclass", 4)])
+@pytest.mark.parametrize("zeros", ["both", "negative"])
+def test_intra_geo_dense_closed_form_equals_per_example_path(kind, outputs, zeros):
+  """models.mlp has a DenseChain: with model/kind passed (task-only objective) the
+  per-example weighted geometric mean comes from matmuls of layer inputs and
+  pre-activation gradients; it must equal the vmapped per-example gradients, padded
+  examples (weight 0, garbage inputs) excluded."""
+  model = models.mlp(12, (6, 5), outputs)
+  params = model.init(0)
+  b = 20
+  x = jax.random.normal(jax.random.key(1), (b, 12)).at[15:].set(99.0)
+  hi = 2 if kind == "binary" else outputs
+  y = jax.random.randint(jax.random.key(2), (b,), 0, hi)
+  y = y.astype(jnp.float32) if kind == "binary" else y
+  batch = Batch(x=x, y=y, w=(jnp.arange(b) < 15).astype(jnp.float32))
+  ctx = Context(params=params, round=jnp.int32(0), extras={}, client={},
+                num_clients=jnp.float32(1), cohort=jnp.float32(1))
+
+  def vg(p, bt, key):
+    return jax.value_and_grad(
+        lambda q: losses.mean_loss(kind, model.apply(q, bt.x), bt.y, bt.w))(p)
+
+  comp = fedilc.intra_geo_component(None, 8, zeros)
+  key = jax.random.key(0)
+  loss_ref, ref = jax.jit(lambda p: comp.grad_estimator(vg, p, batch, ctx, key))(params)
+  loss, got = jax.jit(lambda p: comp.grad_estimator(vg, p, batch, ctx, key, model=model,
+                                                    kind=kind))(params)
+  np.testing.assert_allclose(float(loss), float(loss_ref), rtol=1e-6)
+  _assert_trees_close(got, ref, rtol=2e-5, atol=1e-7)
+  assert any(float(jnp.max(jnp.abs(g))) > 0 for g in jax.tree.leaves(got))
+
+
+def test_outer_product_geo_stats_rejects_bad_shapes():
+  with pytest.raises(ValueError, match="expected"):
+    aggs.outer_product_geo_stats(jnp.ones((4, 3)), jnp.ones((5, 2)), jnp.ones(4))
+  with pytest.raises(ValueError, match="zeros"):
+    aggs.outer_product_geo_stats(jnp.ones((4, 3)), jnp.ones((4, 2)), jnp.ones(4), "x")

@@ -344,6 +344,12 @@ def intra_geo_component(groups: int | None = None, chunk: int = 64,
   log offset). Note that per-example gradients of ReLU networks have many exact zeros
   (inactive units, zero input pixels).
 
+  Dense models: when the engine passes ``model``/``kind`` (it does when the client
+  objective is the task loss alone) and the model has a ``dense_chain`` (``models.mlp``),
+  the per-example mode is computed in closed form by ``_dense_per_example_wgm``: the same
+  statistics from matmuls of layer inputs and pre-activation gradients, without
+  materializing per-example gradients.
+
   Shapes: ``grads`` has the parameters' structure; memory per client
   ``O(chunk × parameters)`` (per-example) or ``O(m × batch activations)`` (groups) —
   times the cohort under the 'vmap' strategy.
@@ -371,8 +377,10 @@ def intra_geo_component(groups: int | None = None, chunk: int = 64,
       return agg.lift(g, wi), wi * loss, wi
     return one
 
-  def grad_estimator(value_and_grad_fn, params, batch, ctx, key):
+  def grad_estimator(value_and_grad_fn, params, batch, ctx, key, model=None, kind=None):
     w = batch.w.astype(jnp.float32)
+    if groups is None and model is not None and getattr(model, "dense_chain", None):
+      return _dense_per_example_wgm(model, kind, params, batch, agg, zeros)
     if groups is None:
       stats, loss_sum, wsum = _sum_over_examples(
           per_example(value_and_grad_fn, params, key), batch.x, batch.y, w, chunk)
@@ -395,6 +403,42 @@ def intra_geo_component(groups: int | None = None, chunk: int = 64,
     return loss_sum / jnp.maximum(wsum, 1e-12), grads
 
   return Component(name="intra_geo", grad_estimator=grad_estimator)
+
+
+def _dense_per_example_wgm(model, kind: str, params: PyTree, batch: Batch, agg, zeros: str):
+  """``intra_geo_component``'s per-example estimate for a chain of dense layers
+  (``model.dense_chain``, e.g. ``models.mlp``) in closed form, when the client objective is
+  the task loss alone.
+
+  One forward and one backward pass of ``Σ_i ℓ_i`` give every example's input ``a_{l,i}``
+  and pre-activation gradient ``δ_{l,i}`` per layer; the per-example kernel gradient is
+  ``a_{l,i} ⊗ δ_{l,i}`` and the bias gradient ``δ_{l,i}``, so the geometric-mean
+  statistics are matmuls (``aggregators.outer_product_geo_stats``) instead of ``B``
+  materialized per-example gradients. Same result as the per-example path up to float32
+  rounding of ``log|a| + log|δ|`` vs ``log|aδ|`` (tested).
+
+  Returns ``(mean loss over the real examples, grads shaped like params)``.
+  """
+  chain = model.dense_chain
+  layers = chain.layers(params)
+  w = batch.w.astype(jnp.float32)
+  keep = w > 0
+  x = jnp.where(keep.reshape((-1,) + (1,) * (batch.x.ndim - 1)), batch.x,
+                jnp.zeros_like(batch.x))
+  taps = [jnp.zeros((x.shape[0],) + layer["bias"].shape, jnp.float32) for layer in layers]
+
+  def total(taps):
+    logits, inputs = chain.forward(params, x, taps)
+    per = losses.per_example_loss(kind, logits, batch.y)
+    return jnp.sum(jnp.where(keep, per, 0.0)), (per, inputs)
+
+  deltas, (per, inputs) = jax.grad(total, has_aux=True)(taps)
+  stats = chain.rebuild(params, [
+      {"kernel": aggs.outer_product_geo_stats(a, d, w, zeros),
+       "bias": aggs.summed_geo_stats(d, w, zeros)} for a, d in zip(inputs, deltas)])
+  grads = agg.finalize((stats, jnp.sum(keep.astype(jnp.float32))))
+  loss = jnp.sum(jnp.where(keep, w * per, 0.0)) / jnp.maximum(jnp.sum(w), 1e-12)
+  return loss, grads
 
 
 # ---------------------------------------------------------------------------------------

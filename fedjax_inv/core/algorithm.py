@@ -88,7 +88,9 @@ class Component:
     grad_estimator(value_and_grad_fn, params, batch, ctx, key) -> (loss, grads): replaces
       how one local step's gradient is estimated from the minibatch (FedILC intra-silo
       geometric mean over per-sample gradients). ``value_and_grad_fn(params, batch, key)``
-      is the default estimator; a replacement may call it on sub-batches.
+      is the default estimator; a replacement may call it on sub-batches. When the
+      client objective is the task loss alone, the engine also passes ``model=`` and
+      ``kind=`` keywords (the estimator may exploit the model's structure).
     correct_grad(grads, ctx) -> grads: applied before the client optimizer (SCAFFOLD).
     pre_message(model, kind, params, data, ctx, key) -> message: pre-stage message of one
       client computed at the global model, ``data`` = (x [n_max,...], y [n_max], n).

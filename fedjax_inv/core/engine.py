@@ -232,6 +232,10 @@ def local_train(model, kind: str, algorithm: Algorithm, ctx: Context, x, y, n, k
   corrections = [c for c in algorithm.components if c.correct_grad is not None]
   opt = algorithm.client_optimizer
   K, B = algorithm.local_steps, algorithm.batch_size
+  # A gradient estimator may use the model's structure when the objective is the task
+  # loss alone (no component loss term, forward override or loss scale).
+  task_only = not any(c.loss or c.forward or c.loss_scale for c in algorithm.components)
+  est_model = dict(model=model, kind=kind) if task_only else {}
   k_batch, k_loss = jax.random.split(key)
   loss_keys = jax.random.split(k_loss, K)
 
@@ -242,7 +246,8 @@ def local_train(model, kind: str, algorithm: Algorithm, ctx: Context, x, y, n, k
     params, opt_state = carry
     batch, kl = inp
     if est is not None:
-      loss, grads = est.grad_estimator(value_and_grad, params, batch, ctx, kl)
+      loss, grads = est.grad_estimator(value_and_grad, params, batch, ctx, kl,
+                                       **est_model)
     else:
       loss, grads = value_and_grad(params, batch, kl)
     for c in corrections:

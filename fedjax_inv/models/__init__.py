@@ -83,22 +83,29 @@ class FunctionalModel:
   Attributes:
     factory: ``rngs -> nnx.Module``; called once per ``init``.
     graphdef, template: from ``nnx.split(module, nnx.Param)`` of one instance.
+    dense_chain: for models that are a chain of dense layers (``mlp``), a
+      :class:`DenseChain` exposing each layer's input and pre-activation, which lets
+      per-example statistics of the gradients be computed in closed form (FedILC
+      Intra-Geo); None otherwise.
   Shapes: ``features(params, x[B, ...]) -> z[B, d]``; ``classify(params, z) -> logits[B, K]``.
   """
   factory: Callable[[nnx.Rngs], nnx.Module]
   graphdef: Any
   template: Any
   feature_dim: int
+  dense_chain: Any = None
 
   @classmethod
-  def from_factory(cls, factory: Callable[[nnx.Rngs], nnx.Module]) -> "FunctionalModel":
+  def from_factory(cls, factory: Callable[[nnx.Rngs], nnx.Module],
+                   dense_chain: "DenseChain | None" = None) -> "FunctionalModel":
     module = factory(nnx.Rngs(0))
     for part in ("featurizer", "classifier"):
       if not hasattr(module, part):
         raise TypeError(f"{type(module).__name__} has no .{part}; models must expose "
                         "featurizer and classifier submodules.")
     graphdef, template = nnx.split(module, nnx.Param)
-    return cls(factory, graphdef, template, int(getattr(module, "feature_dim", -1)))
+    return cls(factory, graphdef, template, int(getattr(module, "feature_dim", -1)),
+               dense_chain)
 
   def init(self, seed: int | jax.Array) -> Params:
     """Fresh parameters as a nested dict of float32 arrays."""
@@ -125,10 +132,54 @@ class FunctionalModel:
     return int(sum(math.prod(l.shape) for l in jax.tree.leaves(nnx.to_pure_dict(self.template))))
 
 
+@dataclasses.dataclass(frozen=True)
+class DenseChain:
+  """An MLP's parameters as a chain of dense layers ``h_l = a_{l-1} W_l + b_l``,
+  ``a_l = relu(h_l)`` (no activation after the last layer, the classifier).
+
+  Attributes:
+    layers: ``params -> [{'kernel': [d_in, d_out], 'bias': [d_out]}, ...]`` in forward
+      order (featurizer layers, then the classifier).
+    rebuild: ``(params, [pytree per layer]) -> pytree shaped like params`` (the inverse
+      of ``layers``: puts per-layer values back at the layers' places).
+
+  ``forward(params, x, taps)`` runs the chain with ``taps[l]`` (``[B, d_out_l]``) added to
+  each pre-activation and returns ``(logits [B, K], inputs)``, ``inputs[l] = a_{l-1}``
+  (``[B, d_in_l]``). The gradient of a loss summed over examples w.r.t. ``taps[l]`` is,
+  row by row, each example's gradient w.r.t. ``h_l``; a layer's per-example kernel
+  gradient is the outer product ``a_{l-1,i} ⊗ δ_{l,i}``.
+  """
+  layers: Callable
+  rebuild: Callable
+
+  def forward(self, params, x, taps):
+    a = x.reshape(x.shape[0], -1)
+    inputs = []
+    chain = self.layers(params)
+    for i, (layer, tap) in enumerate(zip(chain, taps)):
+      inputs.append(a)
+      h = a @ layer["kernel"] + layer["bias"] + tap
+      a = jax.nn.relu(h) if i < len(chain) - 1 else h
+    return a, inputs
+
+
+def _mlp_layers(params):
+  feat = params["featurizer"]["layers"]
+  return [feat[k] for k in sorted(feat)] + [params["classifier"]]
+
+
+def _mlp_rebuild(params, per_layer):
+  keys = sorted(params["featurizer"]["layers"])
+  return {"featurizer": {"layers": dict(zip(keys, per_layer[:-1]))},
+          "classifier": per_layer[-1]}
+
+
 def mlp(in_features: int, hidden=(390, 390), num_outputs: int = 1) -> FunctionalModel:
-  """``FunctionalModel`` of :class:`MLP` (see there for the papers' sizes)."""
+  """``FunctionalModel`` of :class:`MLP` (see there for the papers' sizes), with its
+  :class:`DenseChain`."""
   return FunctionalModel.from_factory(
-      lambda rngs: MLP(in_features, tuple(hidden), num_outputs, rngs=rngs))
+      lambda rngs: MLP(in_features, tuple(hidden), num_outputs, rngs=rngs),
+      DenseChain(_mlp_layers, _mlp_rebuild))
 
 
 def cnn(in_channels: int, channels=(32, 64, 64), num_outputs: int = 10) -> FunctionalModel:
