@@ -319,18 +319,25 @@ def test_fishr_term_changes_the_update():
   assert _max_abs_diff(with_fishr.params, without) > 1e-3
 
 
+def _estimator_inputs(model, kind, params):
+  """A one-client Context at ``params`` and the default value-and-grad estimator of the
+  task loss, as the engine hands them to a ``grad_estimator``."""
+  ctx = Context(params=params, round=jnp.int32(0), extras={}, client={},
+                num_clients=jnp.float32(1), cohort=jnp.float32(1))
+
+  def vg(p, batch, key):
+    return jax.value_and_grad(
+        lambda q: losses.mean_loss(kind, model.apply(q, batch.x), batch.y, batch.w))(p)
+  return ctx, vg
+
+
 def test_intra_geo_groups_with_negative_zeros_equal_python_loop():
   """Mini-batch geometric mean (intra_groups=3 over a minibatch of 8) with FedILC code's
   zero convention, against the loop over groups (the engine case above uses per-example
   environments and the paper's 'both')."""
   data, model = _DATA["tiny"]
   params = model.init(0)
-  ctx = Context(params=params, round=jnp.int32(0), extras={}, client={},
-                num_clients=jnp.float32(1), cohort=jnp.float32(1))
-
-  def vg(p, batch, key):
-    return jax.value_and_grad(
-        lambda q: losses.mean_loss("binary", model.apply(q, batch.x), batch.y, batch.w))(p)
+  ctx, vg = _estimator_inputs(model, "binary", params)
 
   comp = fedilc.intra_geo_component(3, zeros="negative")
   est = jax.jit(lambda p, b: comp.grad_estimator(vg, p, b, ctx, jax.random.key(0)))
@@ -471,12 +478,7 @@ def test_intra_geo_padding_and_chunk_invariance():
 def test_intra_geo_per_example_equals_groups_of_one():
   data, model = _DATA["tiny"]
   params = model.init(0)
-  ctx = Context(params=params, round=jnp.int32(0), extras={}, client={},
-                num_clients=jnp.float32(1), cohort=jnp.float32(1))
-
-  def vg(p, batch, key):
-    return jax.value_and_grad(
-        lambda q: losses.mean_loss("binary", model.apply(q, batch.x), batch.y, batch.w))(p)
+  ctx, vg = _estimator_inputs(model, "binary", params)
 
   n = int(data.n[2])  # 20 real examples, padded to 50
   batch = Batch(x=data.x[2], y=data.y[2], w=jnp.asarray(data.mask()[2]))
@@ -606,12 +608,7 @@ def test_intra_geo_dense_closed_form_equals_per_example_path(kind, outputs, zero
   y = jax.random.randint(jax.random.key(2), (b,), 0, hi)
   y = y.astype(jnp.float32) if kind == "binary" else y
   batch = Batch(x=x, y=y, w=(jnp.arange(b) < 15).astype(jnp.float32))
-  ctx = Context(params=params, round=jnp.int32(0), extras={}, client={},
-                num_clients=jnp.float32(1), cohort=jnp.float32(1))
-
-  def vg(p, bt, key):
-    return jax.value_and_grad(
-        lambda q: losses.mean_loss(kind, model.apply(q, bt.x), bt.y, bt.w))(p)
+  ctx, vg = _estimator_inputs(model, kind, params)
 
   comp = fedilc.intra_geo_component(None, 8, zeros)
   key = jax.random.key(0)
