@@ -198,11 +198,14 @@ def _hand_terms(fwd, params_ref, y, w):
   return l2r_sq, l2r, np.sum(w * kl) / w.sum()
 
 
-def test_l2r_and_cmi_terms_match_hand_computation(tiny_multiclass):
-  task = tiny_multiclass
+def _model_params_batch(task):
+  """FedSR model of ``task`` (z_dim Z), params with a random reference, one batch."""
   m = fedsr_model(task.model, z_dim=Z)
-  p = _random_reference(m.init(0))
-  b = _batch(task)
+  return m, _random_reference(m.init(0)), _batch(task)
+
+
+def test_l2r_and_cmi_terms_match_hand_computation(tiny_multiclass):
+  m, p, b = _model_params_batch(tiny_multiclass)
   key = jax.random.key(2)
   fwd = fedsr_component().forward(m, p, b.x, key)
   l2r_sq, l2r, cmi = _hand_terms(fwd, p["reference"], b.y, b.w)
@@ -234,10 +237,7 @@ def _norm(tree):
 
 
 def test_gradients_reach_featurizer_and_reference(tiny_multiclass):
-  task = tiny_multiclass
-  m = fedsr_model(task.model, z_dim=Z)
-  p = _random_reference(m.init(0))
-  b = _batch(task)
+  m, p, b = _model_params_batch(tiny_multiclass)
   key = jax.random.key(4)
   r_local = _random_reference(p, seed=9)["reference"]
 
@@ -263,7 +263,7 @@ def test_gradients_reach_featurizer_and_reference(tiny_multiclass):
   for a, c in zip(jax.tree.leaves(g_loc), jax.tree.leaves(g_avg)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(c), rtol=1e-5, atol=1e-7)
   # Deterministic FedL2R head: the L2R gradient still reaches the featurizer.
-  det = fedsr_model(task.model, z_dim=Z, probabilistic=False, with_reference=False)
+  det = fedsr_model(tiny_multiclass.model, z_dim=Z, probabilistic=False, with_reference=False)
   pd = det.init(0)
   g = grads(fedsr_component(alpha_l2r=1.0, alpha_cmi=0.0, probabilistic=False), _ctx(pd),
             model=det, params=pd)
