@@ -63,3 +63,27 @@ def test_fediir_beats_fedavg_out_of_distribution(seed):
   assert fa_ood < 0.15 and fa_train > 0.8, (fa_train, fa_ood)
   assert ood > fa_ood + 0.15, (ood, fa_ood)
   assert train > 0.55, train  # not the trivial constant / anti-color predictor
+
+
+@functools.lru_cache(maxsize=None)
+def _hospital(name: str, seed: int):
+  # Invariant FedAvg §4.1 Task 2 at a CI size (5,000 samples per client instead of 50,000,
+  # 1,000 rounds instead of 10,000); the task's defaults otherwise (full-batch SGD lr 1.0,
+  # E=1; inv_fedavg λ=1e4 after a 100-round warm-up). Full size:
+  # experiments/invariant_fedavg/ (FedAvg 0.110 vs Inv 0.614 OOD over 3 seeds).
+  task = make_task("synthetic_hospital", seed=seed, n_per_client=5000)
+  res = run(task, make_algorithm(name, **task.algorithm_settings(name)), rounds=1000,
+            seed=seed, progress=False, eval_every=1000)
+  return res.final["train_accuracy"], res.final["ood_accuracy"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", SEEDS)
+def test_inv_fedavg_beats_fedavg_on_synthetic_classification(seed):
+  fa_train, fa_ood = _hospital("fedavg", seed)
+  train, ood = _hospital("inv_fedavg", seed)
+  # FedAvg relies on the spurious feature: train ≈ 0.85, OOD ≈ 0.1 (paper 0.85 / 0.11).
+  assert fa_train > 0.8 and fa_ood < 0.2, (fa_train, fa_ood)
+  # The paper's effect (0.11 -> 0.62): at this size +0.33..+0.39 measured on seeds 0, 1.
+  assert ood > fa_ood + 0.3, (ood, fa_ood)
+  assert train + ood > 1.1, (train, ood)  # x_inv is used, not a spurious-only predictor

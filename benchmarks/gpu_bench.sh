@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# One-command GPU benchmark (issue 13 item 5): run on a machine with a CUDA GPU and JAX
+# installed. Writes JSON tables and a log into the folder given as $1 (default
+# benchmarks/gpu_out). Needs no network. On a machine without this package installed, it
+# runs from the source tree (PYTHONPATH=.).
+#   bash benchmarks/gpu_bench.sh OUT [quick|full]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-benchmarks/gpu_out}; plan=${2:-full}
+mkdir -p "$out"
+export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD PYTHONUNBUFFERED=1
+py=${PYTHON:-python3}
+$py - <<'PY' | tee "$out/env.txt"
+import jax, flax, optax, platform
+print("jax", jax.__version__, "flax", flax.__version__, "optax", optax.__version__,
+      "python", platform.python_version())
+print("backend", jax.default_backend(), "devices", jax.devices())
+PY
+if [ "$plan" = quick ]; then
+  $py -m fedjax_inv.cli bench --quick --json "$out/quick.json" 2>&1 | tee "$out/quick.log"
+  exit 0
+fi
+# MLP FedAvg: per-client loop vs the engine's strategies, C = 10 .. 10000.
+$py -m fedjax_inv.cli bench --workloads mlp --clients 10,100,1000,10000 \
+  --impls loop,auto,vmap,scan --rounds 5 --max-impl-s 120 --json "$out/mlp.json" \
+  2>&1 | tee "$out/mlp.log"
+# ConvNet FedAvg and the heavy algorithms (fishr_inter_geo, fedsr) at C = 10 .. 1000.
+$py -m fedjax_inv.cli bench --workloads cnn,mlp_fishr_inter_geo,mlp_fedsr \
+  --clients 10,100,1000 --impls loop,auto --rounds 3 --max-impl-s 120 \
+  --json "$out/heavy.json" 2>&1 | tee "$out/heavy.log"
