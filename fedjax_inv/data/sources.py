@@ -177,7 +177,9 @@ def load_dataset(name: str,
   Args:
     name: 'mnist' | 'fashion_mnist' | 'cifar10' | 'digits8x8'.
     data_dir: directory holding raw files (and/or prepared tfds folders);
-      defaults to ``$FEDJAX_INV_DATA_DIR`` (may be unset).
+      defaults to ``$FEDJAX_INV_DATA_DIR`` (may be unset). An explicit ``data_dir`` must
+      exist and hold usable files: with it, auto mode never falls back to the bundled
+      sample (FileNotFoundError instead).
     source: 'auto' (raw -> tfds -> bundled), or force one of 'raw', 'tfds',
       'bundled'.
     download: opt-in.  Download the raw files for mnist / fashion_mnist /
@@ -203,7 +205,13 @@ def load_dataset(name: str,
   if source not in SOURCES:
     raise ValueError(f'unknown source {source!r}; valid sources: '
                      f'{", ".join(SOURCES)}')
-  root = pathlib.Path(data_dir).expanduser() if data_dir else default_data_dir()
+  explicit = data_dir is not None and str(data_dir) != ''
+  root = pathlib.Path(data_dir).expanduser() if explicit else default_data_dir()
+  if explicit and not download and not root.is_dir():
+    raise FileNotFoundError(
+        f'data_dir={str(data_dir)!r} (--data-dir) does not exist or is not a directory. '
+        + _missing_message(name, root) + ' Leave --data-dir out to use the bundled '
+        'offline sample where there is one (mnist, digits8x8).')
 
   if download:
     if source not in ('auto', 'raw'):
@@ -230,6 +238,12 @@ def load_dataset(name: str,
       ds = _load_raw(name, root, verify=verify, required=False)
       if ds is None:
         ds = _load_tfds(name, root, required=False)
+    if ds is None and explicit and name != 'digits8x8':
+      # An explicit data directory that holds no usable files is an error, never a
+      # silent fallback to the bundled sample (the run would use other data than asked).
+      raise FileNotFoundError(
+          _missing_message(name, root) + ' Leave --data-dir out (data_dir=None) to use '
+          'the bundled offline sample instead.')
     if ds is None:
       ds = _load_bundled(name, required=False)
     if ds is None:
