@@ -37,6 +37,9 @@ class Task:
   info: dict
   defaults: dict = dataclasses.field(default_factory=dict)
 
+  def __post_init__(self):
+    check_task(self)
+
 
   def algorithm_settings(self, name: str, overrides: dict | None = None) -> dict:
     """Hyperparameters for algorithm ``name`` on this task: the task's client defaults
@@ -50,6 +53,78 @@ class Task:
     kw.update(self.defaults.get("per_algorithm", {}).get(name, {}))
     kw.update(overrides or {})
     return kw
+
+
+KINDS = ("binary", "multiclass", "regression")
+
+
+def _output_dim(model, feature_shape) -> int:
+  """Number of model outputs ``K`` for inputs ``[1, *feature_shape]`` (no FLOPs run)."""
+  import jax
+  import jax.numpy as jnp
+  params = jax.eval_shape(lambda: model.init(0))
+  spec = jax.ShapeDtypeStruct((1,) + tuple(feature_shape), jnp.float32)
+  out = jax.eval_shape(lambda p, x: model.classify(p, model.features(p, x)), params, spec)
+  return int(out.shape[-1]) if len(out.shape) > 1 else 1
+
+
+def check_task(task: "Task") -> None:
+  """Checks a task before anything is compiled: the kind, the model's input and output
+  sizes, and every client's labels against the kind.
+
+  Rules: ``binary`` needs labels in {0, 1} and one model output; ``multiclass`` needs
+  integer labels in ``[0, K)`` for a model with ``K >= 2`` outputs; ``regression`` needs
+  float targets and one output. Only real (unpadded) rows are checked.
+
+  Raises:
+    ValueError: naming the set (``train`` or the evaluation set), the bad value and the fix.
+  """
+  import numpy as np
+  if task.kind not in KINDS:
+    raise ValueError(f"Task {task.name!r}: kind={task.kind!r}; choose one of {KINDS}.")
+  if not isinstance(task.train, ClientData):
+    raise ValueError(f"Task {task.name!r}: train must be a ClientData (use "
+                     f"from_client_arrays), got {type(task.train).__name__}.")
+  sets = {"train": task.train}
+  for name, data in dict(task.eval_sets).items():
+    if not isinstance(data, ClientData):
+      raise ValueError(f"Task {task.name!r}: eval set {name!r} must be a ClientData (use "
+                       f"from_client_arrays), got {type(data).__name__}.")
+    if data.feature_shape != task.train.feature_shape:
+      raise ValueError(f"Task {task.name!r}: eval set {name!r} has feature shape "
+                       f"{data.feature_shape}, train has {task.train.feature_shape}.")
+    sets[name] = data
+  try:
+    k = _output_dim(task.model, task.train.feature_shape)
+  except Exception as e:  # a shape error from the model, before any compile
+    raise ValueError(f"Task {task.name!r}: the model does not accept inputs of shape "
+                     f"{task.train.feature_shape} ({type(e).__name__}: {e}).") from e
+  if task.kind in ("binary", "regression") and k != 1:
+    raise ValueError(f"Task {task.name!r}: kind {task.kind!r} needs a model with 1 output; "
+                     f"this one has {k}. Use kind='multiclass' for {k} classes.")
+  if task.kind == "multiclass" and k < 2:
+    raise ValueError(f"Task {task.name!r}: kind 'multiclass' needs >= 2 model outputs; "
+                     "this one has 1. Use kind='binary' for two classes with one logit.")
+  for name, data in sets.items():
+    y, n = np.asarray(data.y), np.asarray(data.n)
+    real = y[np.arange(y.shape[1])[None, :] < n[:, None]]
+    if task.kind == "regression":
+      if not np.issubdtype(real.dtype, np.floating):
+        raise ValueError(f"Task {task.name!r}: kind 'regression' needs float targets; "
+                         f"{name} has {real.dtype} labels. Pass float y, or use a "
+                         "classification kind.")
+      continue
+    if not np.issubdtype(real.dtype, np.integer):
+      raise ValueError(f"Task {task.name!r}: kind {task.kind!r} needs integer labels; "
+                       f"{name} has {real.dtype}. Pass int y, or use kind='regression'.")
+    lo, hi = int(real.min()), int(real.max())
+    top = 1 if task.kind == "binary" else k - 1
+    if lo < 0 or hi > top:
+      allowed = "{0, 1}" if task.kind == "binary" else f"0..{top} ({k} model outputs)"
+      fix = (f"use kind='multiclass' with a {hi + 1}-output model" if task.kind == "binary"
+             else f"give the model {hi + 1} outputs")
+      raise ValueError(f"Task {task.name!r}: {name} labels span {lo}..{hi}, but kind "
+                       f"{task.kind!r} allows {allowed}; {fix}.")
 
 
 @dataclasses.dataclass(frozen=True)

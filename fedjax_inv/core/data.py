@@ -74,8 +74,9 @@ def from_client_arrays(xs: Sequence[np.ndarray], ys: Sequence[np.ndarray],
     ``n: [N]`` int32.
 
   Raises:
-    ValueError: no clients, an empty client, mismatched lengths or feature shapes, or
-      ``n_max`` smaller than the largest client.
+    ValueError: no clients, an empty client, mismatched lengths or feature shapes, a
+      non-numeric dtype, NaN/inf in x or y, or ``n_max`` smaller than the largest client.
+      (Labels are checked against the task kind by ``fedjax_inv.tasks.Task``.)
   """
   if len(xs) == 0:
     raise ValueError("from_client_arrays: got 0 clients; pass one array per client.")
@@ -86,6 +87,17 @@ def from_client_arrays(xs: Sequence[np.ndarray], ys: Sequence[np.ndarray],
   ys = [np.asarray(y) for y in ys]
   shape = xs[0].shape[1:]
   for i, (x, y) in enumerate(zip(xs, ys)):
+    if x.ndim == 0 or y.ndim != 1:
+      raise ValueError(f"from_client_arrays: client {i} has x of shape {x.shape} and y of "
+                       f"shape {y.shape}; x needs [n_i, *features] and y needs [n_i].")
+    for what, a in (("x", x), ("y", y)):
+      if not (np.issubdtype(a.dtype, np.number) or a.dtype == bool):
+        raise ValueError(f"from_client_arrays: client {i} has {what} of dtype {a.dtype}; "
+                         "pass numeric arrays (float inputs, int labels or float targets).")
+      if np.issubdtype(a.dtype, np.floating) and not np.all(np.isfinite(a)):
+        bad = int(np.size(a) - np.count_nonzero(np.isfinite(a)))
+        raise ValueError(f"from_client_arrays: client {i} has {bad} non-finite (NaN/inf) "
+                         f"value(s) in {what}; clean or drop them first.")
     if x.shape[0] == 0:
       raise ValueError(f"from_client_arrays: client {i} has 0 examples; drop it first.")
     if x.shape[1:] != shape:
