@@ -16,9 +16,13 @@ import sys
 import time
 
 # The comparison a researcher wants first (issue 3): FedAvg vs the invariance methods on
-# ColoredMNIST (IRM protocol), 3 seeds. `--algorithm NAME` runs one.
+# ColoredMNIST (IRM protocol), 3 seeds. Only a bare `fedjax-inv run` (no task and no
+# algorithm from flags or config) runs it (issue 12): `--algorithm a,b` runs those on
+# ColoredMNIST, `--task T` alone runs DEFAULT_ALGORITHM on T; both with 1 seed unless
+# `--seeds` says otherwise.
 DEFAULT_RUN = dict(task="colored_mnist", algorithm="fedavg,inv_fedavg,fediir,fishr_inter_geo",
                    seeds=3)
+DEFAULT_ALGORITHM = "fedavg"
 
 RUN_KEYS = {  # config key -> (type, help)
     "task": (str, "task name (fedjax-inv list)"),
@@ -102,14 +106,58 @@ def _run_parser(sub):
 
 
 def resolve_run_config(args) -> dict:
-  cfg = dict(DEFAULT_RUN)
+  """The run's settings: ``--config`` file, then flags, over the defaults.
+
+  Defaults (issue 12): a bare ``fedjax-inv run`` is the ``DEFAULT_RUN`` comparison
+  (4 algorithms × 3 seeds on ColoredMNIST). As soon as the user names a task or an
+  algorithm (flag or config key), the comparison is off: the algorithm defaults to
+  ``DEFAULT_ALGORITHM`` (fedavg), the task to ColoredMNIST and the seeds to 1.
+  ``cfg['_defaulted']`` lists, for printing, which of these were filled in.
+
+  Raises:
+    ValueError: a bad or unknown config file (``load_config``).
+  """
+  user = {}
   if args.config:
-    cfg.update(load_config(args.config))
+    user.update(load_config(args.config))
   for key in RUN_KEYS:
     v = getattr(args, key, None)
     if v is not None:
-      cfg[key] = v
+      user[key] = v
+  bare = "task" not in user and "algorithm" not in user
+  if bare:
+    base = dict(DEFAULT_RUN)
+  else:
+    base = dict(task=DEFAULT_RUN["task"], algorithm=DEFAULT_ALGORITHM, seeds=1)
+  cfg = {**base, **user}
+  cfg["_defaulted"] = {k: base[k] for k in ("task", "algorithm", "seeds")
+                       if k not in user}
+  cfg["_bare"] = bare
   return cfg
+
+
+def describe_plan(cfg: dict) -> str:
+  """One line saying what ``fedjax-inv run`` is about to run and which parts are
+  defaults (so that ``--task T`` alone never silently runs a long comparison)."""
+  algos = [a.strip() for a in str(cfg["algorithm"]).split(",") if a.strip()]
+  nseeds = int(cfg.get("seeds") or 1)
+  seed0 = int(cfg.get("seed") or 0)
+  seeds = f"seed {seed0}" if nseeds == 1 else f"seeds {seed0}..{seed0 + nseeds - 1}"
+  d = cfg.get("_defaulted", {})
+  if cfg.get("_bare"):
+    why = ("the default comparison (bare `fedjax-inv run`); pass --task/--algorithm "
+           "to run something else")
+  else:
+    parts = []
+    if "algorithm" in d:
+      parts.append(f"no --algorithm given: {DEFAULT_ALGORITHM}")
+    if "seeds" in d:
+      parts.append("1 seed by default (--seeds N for more)")
+    if "task" in d:
+      parts.append(f"no --task given: {DEFAULT_RUN['task']}")
+    why = "; ".join(parts) if parts else "as requested"
+  return (f"fedjax-inv run: task {cfg['task']}, algorithm(s) {', '.join(algos)}, {seeds} "
+          f"({why})")
 
 
 def algorithm_overrides(cfg: dict) -> dict:
@@ -140,6 +188,8 @@ def algorithm_overrides(cfg: dict) -> dict:
 
 def cmd_run(args) -> int:
   cfg = resolve_run_config(args)
+  print(describe_plan(cfg), flush=True)
+  cfg = {k: v for k, v in cfg.items() if not k.startswith("_")}
   if cfg.get("holdout"):
     from fedjax_inv.experiment import run_holdout_experiment
     run_holdout_experiment(cfg, progress=not args.no_progress,

@@ -80,3 +80,52 @@ def test_config_is_never_executed_and_unknown_keys_fail(tmp_path, capsys):
 def test_bad_flags_fail_fast_with_a_clear_message(argv, msg, capsys):
   assert cli.main(argv) == 2
   assert msg in capsys.readouterr().err
+
+
+def _resolved(argv):
+  parser_args = _parse_run(argv)
+  return cli.resolve_run_config(parser_args)
+
+
+def _parse_run(argv):
+  import argparse
+  parser = argparse.ArgumentParser()
+  cli._run_parser(parser.add_subparsers(dest="command"))
+  return parser.parse_args(["run"] + argv)
+
+
+def test_task_alone_runs_fedavg_with_one_seed_and_says_so(tmp_path, capsys):
+  # issue 12: `--task rotated_mnist --rounds 3` ran the 4-algorithm x 3-seed ColoredMNIST
+  # comparison (4 min 22 s). Only a bare `fedjax-inv run` runs the comparison.
+  cfg = _resolved(["--task", "rotated_mnist", "--rounds", "3"])
+  assert cfg["algorithm"] == "fedavg" and cfg["seeds"] == 1
+  assert cfg["task"] == "rotated_mnist" and cfg["rounds"] == 3
+  plan = cli.describe_plan(cfg)
+  assert "rotated_mnist" in plan and "fedavg" in plan and "no --algorithm given" in plan
+  # end to end on a fast task: one algorithm, one seed, and the plan is printed first
+  out = tmp_path / "lin"
+  assert cli.main(["run", "--task", "linear_regression", "--rounds", "2", "--out", str(out),
+                   "--no-progress"]) == 0
+  s = json.loads((out / "summary.json").read_text())
+  assert s["algorithm"] == "fedavg" and s["seed"] == 0 and "table" not in s
+  first = capsys.readouterr().out.splitlines()[0]
+  assert first.startswith("fedjax-inv run: task linear_regression, algorithm(s) fedavg, "
+                          "seed 0 (no --algorithm given")
+
+
+def test_only_a_bare_run_is_the_comparison(tmp_path):
+  bare = _resolved([])
+  assert bare["algorithm"] == cli.DEFAULT_RUN["algorithm"] and bare["seeds"] == 3
+  assert "default comparison" in cli.describe_plan(bare)
+  rounds_only = _resolved(["--rounds", "2"])  # flags that pick no task/algorithm: still it
+  assert rounds_only["algorithm"] == cli.DEFAULT_RUN["algorithm"]
+  one = _resolved(["--algorithm", "fedprox"])
+  assert one["task"] == "colored_mnist" and one["algorithm"] == "fedprox" and one["seeds"] == 1
+  assert "no --task given: colored_mnist" in cli.describe_plan(one)
+  assert _resolved(["--task", "rotated_mnist", "--seeds", "3"])["seeds"] == 3
+  assert _resolved(["--task", "rotated_mnist", "--algorithm", "fedsr,fediir"])[
+      "algorithm"] == "fedsr,fediir"
+  cfg = tmp_path / "t.yaml"  # a config file that names the task counts like --task
+  cfg.write_text("task: rotated_mnist\nrounds: 3\n")
+  from_cfg = _resolved(["--config", str(cfg)])
+  assert from_cfg["algorithm"] == "fedavg" and from_cfg["seeds"] == 1
