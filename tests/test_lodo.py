@@ -78,6 +78,33 @@ def test_select_rounds_closed_form():
     lodo.select_rounds([{"round": 1, "ood_accuracy": 0.5}])
 
 
+def test_validation_mean_and_pooled_pick_different_rounds():
+  """Issue 10.3: DomainBed / FedIIR average the per-domain validation accuracies; pooling
+  weights the large domain. Two source domains with 10 and 90 validation examples:
+  round 1 — accuracies (1.0, 0.5): mean 0.75, pooled 0.55; round 2 — (0.0, 0.7): mean
+  0.35, pooled 0.63. The summaries come from the evaluator's per-client counts."""
+  from fedjax_inv.eval import summarize
+  hist = []
+  for r, correct in ((1, [10, 45]), (2, [0, 63])):
+    e = {"round": r, "ood_accuracy": 0.1 * r}
+    e.update(summarize({"loss_sum": np.ones(2), "n": np.array([10, 90]),
+                        "correct": np.array(correct, float)}, "val"))
+    hist.append(e)
+  assert hist[0]["val_mean_client_accuracy"] == pytest.approx(0.75)
+  assert hist[0]["val_accuracy"] == pytest.approx(0.55)
+  assert hist[1]["val_mean_client_accuracy"] == pytest.approx(0.35)
+  assert hist[1]["val_accuracy"] == pytest.approx(0.63)
+  mean = lodo.select_rounds(hist)["training-domain validation"]
+  pooled = lodo.select_rounds(hist, validation="pooled")["training-domain validation"]
+  assert (mean["round"], mean["val_accuracy"]) == (1, pytest.approx(0.75))
+  assert (pooled["round"], pooled["val_accuracy"]) == (2, pytest.approx(0.63))
+  # A single validation client: no per-client mean key; both equal the pooled accuracy.
+  one = [{"round": 1, "val_accuracy": 0.4, "ood_accuracy": 0.2}]
+  assert lodo.select_rounds(one)["training-domain validation"]["val_accuracy"] == 0.4
+  with pytest.raises(ValueError, match="validation='median'"):
+    lodo.select_rounds(hist, validation="median")
+
+
 @pytest.fixture(scope="module")
 def result():
   return lodo.run_lodo(TASK, ["fedavg", "fedprox"], seeds=(0, 1), holdouts=[0, "d2"],
@@ -105,7 +132,7 @@ def test_selection_and_table_follow_the_histories(result):
   for r in result["runs"]:
     h = r["history"]
     assert [e["round"] for e in h] == [1, 2, 3, 4]
-    val = [e["val_accuracy"] for e in h]
+    val = [e["val_mean_client_accuracy"] for e in h]  # DomainBed/FedIIR default
     ood = [e["ood_accuracy"] for e in h]
     sel = r["selected"]
     assert sel["training-domain validation"]["ood_accuracy"] == ood[int(np.argmax(val))]
@@ -158,6 +185,7 @@ def test_outputs_markdown_csv_json(result, tmp_path):
       "metrics.jsonl", "results.csv", "results.md", "summary.json"]
   summary = json.loads((out / "summary.json").read_text())
   assert summary["seeds"] == [0, 1] and summary["selections"] == list(lodo.SELECTIONS)
+  assert summary["validation"] == "mean" and "per-source-domain" in md
   assert summary["table"][0]["cells"]["d0"]["mean"] == result["table"][0]["cells"]["d0"][
       "mean"]
   assert set(summary["task_info"]) == {"d0", "d2"}
@@ -192,6 +220,8 @@ def test_arguments_validated_before_training(monkeypatch):
     lodo.run_lodo(TASK, ["fedavg"], holdouts=["d1", 1], progress=False)
   with pytest.raises(ValueError, match="rounds"):
     lodo.run_lodo(TASK, ["fedavg"], rounds=0, progress=False)
+  with pytest.raises(ValueError, match="validation='pool'"):
+    lodo.run_lodo(TASK, ["fedavg"], validation="pool", progress=False)
 
 
 def test_resplit_uses_the_seed_for_the_data_split(monkeypatch):
@@ -216,7 +246,7 @@ def test_rotated_mnist_lodo_table_on_bundled_digits(tmp_path):
   table for rotated_mnist on the bundled offline digits (small sizes for CI)."""
   result = lodo.run_lodo(
       "rotated_mnist", "fedavg", seeds=(0,), rounds=2, holdouts="all",
-      task_kwargs={"n_per_domain": 60, "channels": (4,)},
+      task_kwargs={"n_per_domain": 60, "channels": (4, 4)},
       algorithm_kwargs={"local_steps": 1, "batch_size": 16}, eval_every=1,
       progress=False)
   assert result["domains"] == ["0", "15", "30", "45", "60", "75"]

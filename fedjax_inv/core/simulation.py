@@ -1,4 +1,6 @@
-"""The training loop: rounds of the jitted engine, periodic on-device evaluation."""
+"""The training loop: rounds of the jitted engine, periodic on-device evaluation, and the
+run's reporting (model selection, last-k averages, ranking / fairness metrics;
+``fedjax_inv.eval.reporting``)."""
 from __future__ import annotations
 
 import dataclasses
@@ -6,43 +8,92 @@ import time
 from typing import Any, Callable
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from fedjax_inv.core.engine import build_round, client_mesh, init_state
 from fedjax_inv.eval import build_evaluator, summarize
+from fedjax_inv.eval import reporting as reporting_lib
+from fedjax_inv.eval.metrics import build_predict
 
 
 @dataclasses.dataclass
 class RunResult:
-  """``history``: one dict per evaluated round (``round`` 1-based, ``train_loss`` = mean
-  local objective of that round, ``<set>_accuracy`` / ``<set>_loss`` for ``train`` and
-  every evaluation set); ``final``: the last entry; ``params``: final global model;
-  ``strategy``: resolved execution strategy; ``seconds``: wall time of the rounds."""
+  """The outcome of :func:`run`.
+
+  Attributes:
+    history: one dict per evaluated round: ``round`` (1-based), ``train_objective`` (mean
+      local objective of that round), ``<set>_loss`` and ``<set>_accuracy`` /
+      ``<set>_worst_client_accuracy`` / ``<set>_mean_client_accuracy`` (or ``<set>_mse``)
+      for ``train`` and every evaluation set (``fedjax_inv.eval.summarize``), plus the
+      ranking / fairness keys the run's ``reporting`` asks for.
+    final: the last entry.
+    params: final global model.
+    server_state: final server state.
+    strategy: resolved execution strategy.
+    seconds: wall time of the rounds (evaluation included).
+    selected: ``{rule: history entry}`` — the round picked by each selection rule of
+      ``reporting.select`` (e.g. ``'min:ood_loss'``), empty if none.
+    selected_params: ``{rule: params}`` — an independent copy of the global model of that
+      round (``reporting.keep_params``).
+    last_k_mean: metrics averaged over the last ``reporting.last_k`` rounds
+      (``fedjax_inv.eval.reporting.last_k_mean``), or None.
+    reporting: the resolved ``Reporting`` as a dict.
+  """
   history: list
   final: dict
   params: Any
   server_state: Any
   strategy: str
   seconds: float
+  selected: dict = dataclasses.field(default_factory=dict)
+  selected_params: dict = dataclasses.field(default_factory=dict)
+  last_k_mean: dict | None = None
+  reporting: dict = dataclasses.field(default_factory=dict)
+
+  def report(self) -> dict:
+    """The reporting part for ``summary.json``: ``selected``, ``last_k_mean`` and
+    ``reporting`` (keys with nothing in them are left out)."""
+    out = {}
+    if self.selected:
+      out["selected"] = self.selected
+    if self.last_k_mean is not None:
+      out["last_k_mean"] = self.last_k_mean
+    if self.reporting:
+      out["reporting"] = self.reporting
+    return out
 
 
-def evaluate_all(evaluate, params, task) -> dict:
-  """Pooled metrics for the training clients (``train_*``) and each evaluation set."""
-  out = summarize(evaluate(params, task.train), "train")
+def evaluate_all(evaluate, params, task, reporting=None, predict_fn=None) -> dict:
+  """Pooled metrics for the training clients (``train_*``) and each evaluation set, plus
+  the ranking / fairness metrics of ``reporting`` (``fedjax_inv.eval.reporting``)."""
+  per = {"train": evaluate(params, task.train)}
   for name, data in task.eval_sets.items():
-    out.update(summarize(evaluate(params, data), name))
+    per[name] = evaluate(params, data)
+  out = {}
+  for name, pc in per.items():
+    out.update(summarize(pc, name))
+  if reporting:
+    out.update(reporting_lib.round_extras(per, params, task, reporting, predict_fn))
   return out
+
+
+def _copy_params(params):
+  # An independent copy: the selected model must not change with later rounds, even if
+  # the engine ever donates or updates the server state in place.
+  return jax.tree.map(lambda a: jnp.array(a, copy=True), params)
 
 
 def run(task, algorithm, *, rounds: int, clients_per_round: int | None = None,
         seed: int = 0, execution: str = "auto", chunk_size: int | None = None,
         eval_every: int | None = None, progress: bool = True, shard: bool = True,
-        callback: Callable[[dict], None] | None = None) -> RunResult:
+        callback: Callable[[dict], None] | None = None,
+        reporting="auto") -> RunResult:
   """Trains ``algorithm`` on ``task`` for ``rounds`` rounds.
 
   Args:
     task: a ``Task`` (``fedjax_inv.tasks``) or any object with ``train``, ``eval_sets``,
-      ``model``, ``kind``.
+      ``model``, ``kind`` (and ``info`` for ``reporting='auto'``).
     algorithm: an ``Algorithm`` (``fedjax_inv.algorithms.make_algorithm``).
     rounds: number of rounds (>= 1).
     clients_per_round: cohort size C (default: all training clients).
@@ -50,48 +101,72 @@ def run(task, algorithm, *, rounds: int, clients_per_round: int | None = None,
       gives bit-identical metrics on the same machine.
     execution: 'auto' | 'vmap' | 'scan' | 'chunked'.
     eval_every: evaluate every this many rounds (default ``max(1, rounds // 20)``); the
-      last round is always evaluated.
+      last round, and each of the last ``reporting.last_k`` rounds, are always evaluated
+      (``fedjax_inv.eval.reporting.eval_rounds``).
+    progress: a tqdm bar on a terminal; nothing when stderr is not a terminal (logs,
+      CI, pipes: ``disable=None``).
     shard: shard the client axis over all devices when more than one is present.
     callback: called with each history entry.
+    reporting: what to record beyond the pooled metrics — 'auto' (default: the task's
+      paper protocol, ``fedjax_inv.eval.reporting.for_task``), None (nothing), a dict of
+      ``Reporting`` fields (e.g. ``{'select': ['min:ood_loss'], 'last_k': 20}``) or a
+      ``Reporting``. Results: ``RunResult.selected`` / ``selected_params`` /
+      ``last_k_mean`` and extra history keys.
 
   Raises:
-    ValueError: ``rounds < 1``, bad cohort, bad strategy (before compiling).
+    ValueError: ``rounds < 1``, bad cohort, bad strategy, bad ``eval_every`` or
+      ``reporting`` (e.g. a selection rule on a metric the run does not record) — all
+      before compiling.
+    FloatingPointError: the last train objective is not finite.
   """
-  if rounds < 1:
-    raise ValueError(f"rounds={rounds}; it must be >= 1.")
+  if isinstance(rounds, bool) or int(rounds) != rounds or rounds < 1:
+    raise ValueError(f"rounds={rounds}; it must be an integer >= 1.")
+  rounds = int(rounds)
   num_clients = task.train.num_clients
   cohort = clients_per_round or num_clients
   eval_every = eval_every or max(1, rounds // 20)
-  if eval_every < 1:
-    raise ValueError(f"eval_every={eval_every}; it must be >= 1.")
+  if int(eval_every) != eval_every or eval_every < 1:
+    raise ValueError(f"eval_every={eval_every}; it must be an integer >= 1.")
+  rep = reporting_lib.resolve(reporting, task)
+  reporting_lib.check(rep, task)
+  schedule = set(reporting_lib.eval_rounds(rounds, int(eval_every), rep.last_k))
   mesh = client_mesh() if shard else None
   model = algorithm.model_for(task.model)
   round_fn = build_round(model, task.kind, algorithm, num_clients, cohort,
                          execution=execution, chunk_size=chunk_size, mesh=mesh,
                          feature_shape=task.train.feature_shape, n_max=task.train.n_max)
   evaluate = build_evaluator(model, task.kind, algorithm)
+  predict_fn = build_predict(model, algorithm) if rep.ranking else None
   params = model.init(seed)
   server, cstates = init_state(algorithm, params, num_clients)
   key = jax.random.key(seed)
   history = []
+  selected_params = {}
   bar = None
   if progress:
     from tqdm.auto import tqdm
+    # disable=None: no bar unless stderr is a terminal (a bar floods log files).
     bar = tqdm(total=rounds, desc=f"{algorithm.name} on {task.name}", unit="round",
-               leave=False)
+               leave=False, disable=None)
   t0 = time.perf_counter()
   try:
     for r in range(1, rounds + 1):
       server, cstates, metrics = round_fn(server, cstates, task.train, key)
-      if r % eval_every == 0 or r == rounds:
+      if r in schedule:
         entry = {"round": r, "train_objective": float(metrics["train_loss"])}
-        entry.update(evaluate_all(evaluate, server.params, task))
+        entry.update(evaluate_all(evaluate, server.params, task, rep, predict_fn))
         history.append(entry)
+        if rep.keep_params:
+          for rule in rep.select:
+            # The selected index only ever moves to the newest entry: copy its model now.
+            if reporting_lib.select_index(history, rule, rep.select_from)[0] == \
+                len(history) - 1:
+              selected_params[rule] = _copy_params(server.params)
         if callback is not None:
           callback(entry)
         if bar is not None:
           post = {k.replace("_accuracy", "_acc"): f"{v:.3f}" for k, v in entry.items()
-                  if k.endswith("_accuracy") and "worst" not in k}
+                  if k.endswith("_accuracy") and "client" not in k}
           bar.set_postfix(post)
       if bar is not None:
         bar.update(1)
@@ -103,4 +178,8 @@ def run(task, algorithm, *, rounds: int, clients_per_round: int | None = None,
     raise FloatingPointError(
         f"training diverged (train objective {history[-1]['train_objective']}) for "
         f"{algorithm.name}; lower the learning rates.")
-  return RunResult(history, history[-1], server.params, server, round_fn.strategy, seconds)
+  selected = reporting_lib.select_rounds_by(history, rep.select, rep.select_from)
+  last = reporting_lib.last_k_mean(history, rep.last_k, rounds) if rep.last_k else None
+  return RunResult(history, history[-1], server.params, server, round_fn.strategy, seconds,
+                   selected=selected, selected_params=selected_params, last_k_mean=last,
+                   reporting=rep.to_dict() if rep else {})

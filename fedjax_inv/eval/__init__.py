@@ -81,14 +81,43 @@ def build_evaluator(model, kind: str, algorithm=None, eval_batch: int = 2048,
 
 
 def summarize(per_client: dict, prefix: str) -> dict:
-  """Pooled metrics over all clients of one evaluation set: ``{prefix}_loss`` (mean
-  per-example loss), ``{prefix}_accuracy`` (fraction in [0, 1], classification) or
-  ``{prefix}_mse`` (regression), plus ``{prefix}_worst_client_accuracy``."""
+  """Metrics of one evaluation set from the evaluator's per-client sums.
+
+  Args:
+    per_client: ``build_evaluator(...)(params, data)`` — ``loss_sum``, ``n`` (and
+      ``correct`` for classification), each ``[N]`` over the set's ``N`` clients.
+    prefix: the set's name (``train``, ``val``, ``ood``, ...).
+
+  Returns:
+    ``{prefix}_loss`` (mean per-example loss, pooled over all examples) and, for
+    classification, ``{prefix}_accuracy`` (pooled fraction in [0, 1]),
+    ``{prefix}_worst_client_accuracy`` (lowest per-client accuracy) and, when ``N > 1``,
+    ``{prefix}_mean_client_accuracy`` (unweighted mean of the per-client accuracies: with
+    one client per source domain, DomainBed's and FedIIR's training-domain validation
+    accuracy); for regression ``{prefix}_mse`` (= the loss).
+
+  Source: DomainBed ``model_selection.IIDAccuracySelectionMethod`` and FedIIR's
+  ``main.py`` (mean over domains) for the per-client mean.
+  """
   n = per_client["n"].astype(np.float64)
   out = {f"{prefix}_loss": float(per_client["loss_sum"].sum() / n.sum())}
   if "correct" in per_client:
+    acc = per_client["correct"] / np.maximum(n, 1.0)
     out[f"{prefix}_accuracy"] = float(per_client["correct"].sum() / n.sum())
-    out[f"{prefix}_worst_client_accuracy"] = float(np.min(per_client["correct"] / n))
+    out[f"{prefix}_worst_client_accuracy"] = float(np.min(acc))
+    if len(n) > 1:
+      out[f"{prefix}_mean_client_accuracy"] = float(np.mean(acc))
   else:
     out[f"{prefix}_mse"] = out[f"{prefix}_loss"]
   return out
+
+
+def summary_keys(kind: str, prefix: str, num_clients: int) -> set:
+  """The keys :func:`summarize` returns for a set of ``num_clients`` clients of a task of
+  loss kind ``kind`` (computed without evaluating anything)."""
+  if kind == "regression":
+    return {f"{prefix}_loss", f"{prefix}_mse"}
+  keys = {f"{prefix}_loss", f"{prefix}_accuracy", f"{prefix}_worst_client_accuracy"}
+  if num_clients > 1:
+    keys.add(f"{prefix}_mean_client_accuracy")
+  return keys

@@ -6,10 +6,16 @@ that ``holdout`` (the shared domain-task contract: training clients = the source
 held-out domain}``), trains with ``fedjax_inv.core.simulation.run`` and reads the OOD
 accuracy at the round chosen by each selection method (over the evaluated rounds):
 
-* ``training-domain validation`` — the round with the highest ``val_accuracy`` (pooled over
-  the source domains' validation splits; ties → earliest round). FedIIR §5: "We chose the
-  global model that maximizes accuracy on the overall validation set"; FedSR §5 and
-  DomainBed (Gulrajani & Lopez-Paz 2021) use the same 90/10 training-domain validation.
+* ``training-domain validation`` — the round with the highest validation accuracy over
+  the source domains' validation splits (ties → earliest round). By default
+  (``validation='mean'``) the unweighted mean of the per-domain accuracies
+  (``val_mean_client_accuracy``: one 'val' client per source domain), as DomainBed's
+  ``IIDAccuracySelectionMethod`` (``mean(env_out_acc for env in train_envs)``) and
+  FedIIR's code (``train_acc += acc`` per domain, ``/ len(train_data)``) compute it;
+  ``validation='pooled'`` uses the accuracy pooled over all validation examples
+  (``val_accuracy``), which weights large domains more. FedIIR §5: "We chose the global
+  model that maximizes accuracy on the overall validation set"; FedSR §5 and DomainBed
+  (Gulrajani & Lopez-Paz 2021) use the same 90/10 training-domain validation.
 * ``test-domain oracle`` — the highest ``ood_accuracy`` over the evaluated rounds (an upper
   bound that peeks at the test domain). DomainBed's oracle picks *hyperparameters* by
   test-domain accuracy and reports the last checkpoint; with one hyperparameter setting
@@ -37,31 +43,48 @@ __all__ = ["SELECTIONS", "format_lodo_markdown", "lodo_csv", "run_lodo", "select
            "write_lodo_outputs"]
 
 SELECTIONS = ("training-domain validation", "test-domain oracle", "last")
+VALIDATIONS = ("mean", "pooled")
 
 # Task defaults that are run settings, not algorithm hyperparameters.
 _RUN_KEYS = ("rounds", "eval_every")
 
 
-def select_rounds(history: Sequence[dict], val_key: str = "val_accuracy",
-                  test_key: str = "ood_accuracy") -> dict:
+def select_rounds(history: Sequence[dict], val_key: str | None = None,
+                  test_key: str = "ood_accuracy", validation: str = "mean") -> dict:
   """Model selection over one run's evaluated rounds.
 
   Args:
-    history: ``RunResult.history`` — dicts with ``round``, ``val_key`` and ``test_key``.
-    val_key: the training-domain validation metric (higher is better).
+    history: ``RunResult.history`` — dicts with ``round``, the validation key and
+      ``test_key``.
+    val_key: the training-domain validation metric (higher is better); default from
+      ``validation``.
     test_key: the held-out domain metric (higher is better).
+    validation: 'mean' (default; DomainBed / FedIIR) — ``val_mean_client_accuracy``, the
+      mean of the per-domain validation accuracies (``val_accuracy`` when no entry has it,
+      i.e. the 'val' set has a single client, where both are equal); 'pooled' —
+      ``val_accuracy``, pooled over all validation examples.
 
   Returns:
     ``{selection: {'round', 'ood_accuracy', 'val_accuracy'}}`` for every name in
-    :data:`SELECTIONS`; ties → the earliest round.
+    :data:`SELECTIONS` (``val_accuracy`` = the validation metric used); ties → the
+    earliest round.
 
   Raises:
-    ValueError: empty history or missing keys (e.g. a task without a 'val' set).
+    ValueError: empty history, missing keys (e.g. a task without a 'val' set), or an
+      unknown ``validation``.
 
-  Source: DomainBed (Gulrajani & Lopez-Paz 2021) §3 model selection; FedIIR §5; FedSR §5.
+  Source: DomainBed (Gulrajani & Lopez-Paz 2021) §3 model selection and
+  ``domainbed/model_selection.py``; FedIIR §5 and its ``main.py``; FedSR §5.
   """
+  if validation not in VALIDATIONS:
+    raise ValueError(f"validation={validation!r}; choose 'mean' (per-domain average, "
+                     "DomainBed/FedIIR) or 'pooled'.")
   if not history:
     raise ValueError("select_rounds: the history is empty; evaluate at least one round.")
+  if val_key is None:
+    val_key = "val_accuracy"
+    if validation == "mean" and any("val_mean_client_accuracy" in h for h in history):
+      val_key = "val_mean_client_accuracy"
   for key in (val_key, test_key):
     if any(key not in h for h in history):
       raise ValueError(f"select_rounds: history entries lack {key!r} (keys: "
@@ -97,7 +120,7 @@ def run_lodo(task_name: str, algorithms, *, seeds=(0,), rounds: int | None = Non
              algorithm_kwargs: dict | None = None, execution: str = "auto",
              eval_every: int | None = None, progress: bool = True,
              clients_per_round: int | None = None, resplit: bool = False,
-             stream=None) -> dict:
+             stream=None, validation: str = "mean") -> dict:
   """Leave-one-domain-out sweep: every held-out domain × algorithm × seed.
 
   Args:
@@ -123,11 +146,14 @@ def run_lodo(task_name: str, algorithms, *, seeds=(0,), rounds: int | None = Non
       for all seeds, so seeds vary only training randomness; True rebuilds the task with
       ``seed=s`` for each seed (DomainBed's per-trial split).
     stream: where summary lines go (default ``sys.stdout``).
+    validation: training-domain validation accuracy: 'mean' (default) of the per-domain
+      accuracies, as DomainBed and FedIIR's code, or 'pooled' over all validation
+      examples (:func:`select_rounds`).
 
   Returns:
     dict with ``task``, ``domains``, ``holdouts`` (names, in order), ``algorithms``,
-    ``seeds``, ``rounds``, ``selections`` (:data:`SELECTIONS`), ``runs`` (one dict per
-    run: ``holdout``, ``algorithm``, ``seed``, ``selected`` = :func:`select_rounds`,
+    ``seeds``, ``rounds``, ``validation``, ``selections`` (:data:`SELECTIONS`), ``runs``
+    (one dict per run: ``holdout``, ``algorithm``, ``seed``, ``selected`` = :func:`select_rounds`,
     ``final``, ``history``, ``hparams``, ``execution``, ``seconds``), ``table`` (rows
     ``{'selection', 'algorithm', 'seeds', 'cells': {domain | 'avg': {'mean', 'std',
     'values'}}}``), ``task_info`` (holdout → ``Task.info``).
@@ -135,8 +161,8 @@ def run_lodo(task_name: str, algorithms, *, seeds=(0,), rounds: int | None = Non
   Raises:
     ValueError: unknown task / algorithm / holdout, a task that is not a domain task,
       empty ``seeds`` or ``algorithms``, duplicates, ``rounds < 1``, ``holdout`` in
-      ``task_kwargs``, a bad hyperparameter or execution strategy — all before any
-      training.
+      ``task_kwargs``, a bad hyperparameter, execution strategy or ``validation`` — all
+      before any training.
   """
   from fedjax_inv.algorithms import make_algorithm, registry
   from fedjax_inv.core.engine import resolve_strategy
@@ -144,6 +170,9 @@ def run_lodo(task_name: str, algorithms, *, seeds=(0,), rounds: int | None = Non
   from fedjax_inv.tasks import make_task, task_registry
 
   stream = sys.stdout if stream is None else stream
+  if validation not in VALIDATIONS:
+    raise ValueError(f"validation={validation!r}; choose 'mean' (per-domain average, "
+                     "DomainBed/FedIIR) or 'pooled'.")
   if task_name not in task_registry():
     raise ValueError(f"unknown task {task_name!r}; available: {sorted(task_registry())}.")
   algorithms = _as_list(algorithms, "algorithms")
@@ -226,7 +255,7 @@ def run_lodo(task_name: str, algorithms, *, seeds=(0,), rounds: int | None = Non
       for a in algorithms:
         res = run(task, built[a], rounds=rounds, clients_per_round=cohort, seed=s,
                   execution=execution, eval_every=eval_every, progress=progress)
-        sel = select_rounds(res.history)
+        sel = select_rounds(res.history, validation=validation)
         runs.append({"holdout": h, "algorithm": a, "seed": s, "selected": sel,
                      "final": res.final, "history": res.history,
                      "hparams": built[a].hparams, "execution": res.strategy,
@@ -242,6 +271,7 @@ def run_lodo(task_name: str, algorithms, *, seeds=(0,), rounds: int | None = Non
   result = {"task": task_name, "domains": domains, "holdouts": wanted,
             "algorithms": algorithms, "seeds": seeds, "rounds": rounds,
             "eval_every": eval_every, "clients_per_round": cohort,
+            "validation": validation,
             "split_seed": None if resplit else split_seed, "resplit": bool(resplit),
             "task_kwargs": task_kwargs, "selections": list(SELECTIONS),
             "runs": runs, "task_info": task_info,
@@ -307,7 +337,11 @@ def format_lodo_markdown(result: dict) -> str:
   out = [f"## {result['task']}: leave-one-domain-out OOD accuracy (%)",
          "",
          f"Mean ± std over {n} seed(s) {result['seeds']}; {result['rounds']} rounds; "
-         "column = held-out (test) domain.", ""]
+         "column = held-out (test) domain; training-domain validation accuracy = "
+         + ("accuracy pooled over the source domains' validation examples"
+            if result.get("validation") == "pooled" else
+            "mean of the per-source-domain validation accuracies (DomainBed, FedIIR)")
+         + ".", ""]
   for sel in result["selections"]:
     out += [f"### {sel}", "", "| algorithm | " + " | ".join(cols) + " |",
             "|---|" + "|".join("---:" for _ in cols) + "|"]

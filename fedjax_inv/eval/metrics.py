@@ -6,6 +6,11 @@ prediction.
   ``roc_auc_score`` (trapezoidal ROC over distinct thresholds = Mann–Whitney U with ties
   counted 1/2) and ``average_precision_score`` (step-wise ``Σ (R_n − R_{n−1}) P_n`` over
   distinct thresholds, no interpolation).
+* :func:`auroc_thresholded` / :func:`auprc_thresholded` — the variant the official FedILC
+  code reports: scikit-learn's ``roc_auc_score`` and ``auc(precision_recall_curve)`` on
+  thresholded 0/1 predictions (``sigmoid(logit) > 0.5``), optionally averaged over shuffled
+  test batches as that code does. It is a balanced accuracy, not a ranking metric: keep it
+  next to the continuous :func:`auroc` / :func:`auprc` when comparing with FedILC Table 4.
 * :func:`accuracy_variance` / :func:`accuracy_entropy` / :func:`worst_client_accuracy` —
   the fairness measures of FedILC §5.2 / Table 3, which follow q-FFL (Li et al., "Fair
   resource allocation in federated learning", ICLR 2020, cited as [47] in FedILC).
@@ -30,7 +35,9 @@ __all__ = [
     "accuracy_entropy",
     "accuracy_variance",
     "auprc",
+    "auprc_thresholded",
     "auroc",
+    "auroc_thresholded",
     "binary_metrics",
     "build_predict",
     "per_client_accuracy",
@@ -127,6 +134,103 @@ def auprc(scores, labels) -> float:
   precision = tps / (tps + fps)
   recall = tps / tps[-1]
   return float(np.sum(np.diff(np.r_[0.0, recall]) * precision))
+
+
+def _thresholded_pair(s: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+  """(AUROC, AUPRC) of 0/1 predictions ``s`` exactly as scikit-learn's
+  ``roc_auc_score(y, s)`` and ``auc(*precision_recall_curve(y, s)[1::-1])`` compute them."""
+  tps, fps = _step_counts(s, y)  # thresholds 1 (if any 1 predicted), then 0
+  tpr = np.r_[0.0, tps] / tps[-1]
+  fpr = np.r_[0.0, fps] / fps[-1]
+  roc = float(np.sum(np.diff(fpr) * (tpr[1:] + tpr[:-1]) / 2.0))
+  # precision_recall_curve keeps the thresholds down to the first one with full recall,
+  # then appends (recall 0, precision 1); ``auc`` integrates it with the trapezoid rule.
+  stop = int(np.searchsorted(tps, tps[-1])) + 1
+  precision = np.r_[1.0, tps[:stop] / (tps[:stop] + fps[:stop])]
+  recall = np.r_[0.0, tps[:stop] / tps[-1]]
+  pr = float(np.sum(np.diff(recall) * (precision[1:] + precision[:-1]) / 2.0))
+  return roc, pr
+
+
+def _thresholded(scores, labels, threshold, batch_size, seed, fn) -> tuple[float, float]:
+  s, y = _binary_inputs(scores, labels, fn)
+  pred = (s > float(threshold)).astype(np.float64)
+  if batch_size is None:
+    return _thresholded_pair(pred, y)
+  if int(batch_size) != batch_size or batch_size < 2:
+    raise ValueError(f"{fn}: batch_size={batch_size!r}; pass an integer >= 2 (the "
+                     "official FedILC code uses its test batch size, 32 or 64) or None.")
+  batch_size = int(batch_size)
+  order = np.random.default_rng(seed).permutation(len(y))
+  rocs, prs = [], []
+  for start in range(0, len(y) - batch_size + 1, batch_size):
+    idx = order[start:start + batch_size]
+    if 0 < y[idx].sum() < batch_size:  # full batch with both classes, as the official code
+      roc, pr = _thresholded_pair(pred[idx], y[idx])
+      rocs.append(roc)
+      prs.append(pr)
+  if not rocs:
+    raise ValueError(f"{fn}: no full batch of {batch_size} examples holds both classes "
+                     f"({len(y)} examples); use a smaller batch_size or batch_size=None.")
+  return float(np.mean(rocs)), float(np.mean(prs))
+
+
+def auroc_thresholded(scores, labels, threshold: float = 0.0, batch_size: int | None = None,
+                      seed: int = 0) -> float:
+  """AUROC of thresholded 0/1 predictions — what the official FedILC code reports.
+
+  The official evaluator (``evaluator_helper.py``, ``mean_roc_auc``) calls scikit-learn's
+  ``roc_auc_score(y, preds)`` with ``preds = (sigmoid(logit) > 0.5)`` in {0, 1}, so its
+  "AUCROC" is the balanced accuracy ``(TPR + TNR) / 2``, not a ranking metric; it is
+  averaged over the full shuffled test batches that contain both classes. Use
+  :func:`auroc` for the usual continuous AUROC.
+
+  Args:
+    scores: ``[n]`` (or ``[n, 1]``) logits (``threshold=0`` is probability 0.5).
+    labels: ``[n]`` labels in {0, 1}.
+    threshold: predict 1 where ``score > threshold`` (strict, as the official code).
+    batch_size: None (default) — one value over all ``n`` examples; an integer — the
+      official batch average: examples shuffled with ``seed``, the mean over consecutive
+      full batches of this size that hold both classes (the official shuffles are not
+      reproducible, so values differ from theirs by batch sampling noise).
+    seed: shuffling seed for ``batch_size``.
+
+  Returns:
+    A value in [0, 1]; equals ``(TPR + TNR) / 2`` of the thresholded predictions when
+    ``batch_size`` is None.
+
+  Raises:
+    ValueError: as :func:`auroc`; ``batch_size`` < 2 or no usable batch.
+
+  Source: FedILC §5.2, Table 4(a), as computed by the official code
+  (github.com/mikemikezhu/FedILC, evaluator_helper.py / evaluator.py).
+  """
+  return _thresholded(scores, labels, threshold, batch_size, seed, "auroc_thresholded")[0]
+
+
+def auprc_thresholded(scores, labels, threshold: float = 0.0, batch_size: int | None = None,
+                      seed: int = 0) -> float:
+  """AUPRC of thresholded 0/1 predictions — what the official FedILC code reports.
+
+  The official ``mean_pr_auc`` computes ``auc(recall, precision)`` (trapezoid rule) of
+  scikit-learn's ``precision_recall_curve(y, preds)`` with ``preds`` in {0, 1}: the
+  curve through (0, 1), (TPR, precision of the positive predictions) and, unless
+  TPR = 1, (1, positive rate). Use :func:`auprc` for the usual average precision.
+
+  Args:
+    scores, labels, threshold, batch_size, seed: as :func:`auroc_thresholded`.
+
+  Returns:
+    A value in [0, 1] (e.g. ``(1 + π) / 2`` for all-negative predictions, ``π`` = the
+    positive rate: the trapezoid rewards the (0, 1) end point).
+
+  Raises:
+    ValueError: as :func:`auroc_thresholded`.
+
+  Source: FedILC §5.2, Table 4(b), as computed by the official code
+  (github.com/mikemikezhu/FedILC, evaluator_helper.py / evaluator.py).
+  """
+  return _thresholded(scores, labels, threshold, batch_size, seed, "auprc_thresholded")[1]
 
 
 # ---------------------------------------------------------------------------------------
