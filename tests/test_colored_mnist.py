@@ -159,6 +159,21 @@ def test_bundled_fedilc():
   assert within(ood['p_label_ne_digit_label'], 0.15, ood['n'])
 
 
+def test_fedilc_training_clients_have_clean_labels():
+  """FedILC §5.1.1 puts label noise (15%) on the OOD set only, and the official code
+  uses label_flipping_prob=0.0 for the training clients: every training label is
+  1[digit >= 5] exactly, while the OOD labels keep their 15% flips."""
+  data = colored_mnist.make_colored_mnist('fedilc', source='bundled', seed=0)
+  ds = sources.load_dataset('mnist', source='bundled')
+  assert data['info']['label_flip'] == 0.0
+  for (_, y), idx in zip(data['train'], data['indices']['train']):
+    np.testing.assert_array_equal(y, (ds.y_train[idx] >= 5).astype(np.int32))
+  for stats in data['info']['empirical'][:-1]:
+    assert stats['p_label_ne_digit_label'] == 0.0
+  ood = data['info']['empirical'][-1]
+  assert ood['p_label_ne_digit_label'] > 0.1
+
+
 def test_determinism():
   a = colored_mnist.make_colored_mnist('irm', source='bundled', seed=3)
   b = colored_mnist.make_colored_mnist('irm', source='bundled', seed=3)

@@ -23,7 +23,8 @@ from fedjax_inv.core.engine import build_round, init_state
 from tests.reference import batch_indices, round_keys, tmap
 
 RTOL, ATOL = 2e-4, 2e-5
-NAMES = ("geometric", "fishr_inter_geo", "fishr_intra_geo", "fishr_intra_arith", "fedcurv")
+NAMES = ("geometric", "fishr_inter_geo", "fishr_intra_geo", "fishr_intra_arith", "fedcurv",
+         "fedcurv_shoham")
 
 
 # ---------------------------------------------------------------------------------------
@@ -197,25 +198,29 @@ def reference_fedcurv(model, data, params, *, rounds, cohort, key, lam, local_st
 
 LAM = 3.0
 CASES = {
-    # Default server (AdamW) with a larger step so that the comparison is not trivial;
-    # FedSGD on minibatches of 8.
+    # Server AdamW with a larger step so that the comparison is not trivial; FedSGD on
+    # minibatches of 8; the paper's zero convention ('both').
     "geometric": dict(
-        kw=dict(server_lr=0.05, weight_decay=0.01, batch_size=8),
+        kw=dict(server_optimizer="adamw", server_lr=0.05, weight_decay=0.01, batch_size=8,
+                zeros="both"),
         ref=lambda model: dict(client_grad=mean_grad(model), aggregate=wgm_aggregate(),
                                batch_size=8, server="adamw", server_lr=0.05,
                                weight_decay=0.01)),
     "fishr_inter_geo": dict(
-        kw=dict(fishr_lambda=LAM, server_optimizer="sgd", server_lr=0.3, weight_decay=0.0),
+        kw=dict(fishr_lambda=LAM, fishr_reduction="mean", server_optimizer="sgd",
+                server_lr=0.3, weight_decay=0.0, zeros="both"),
         ref=lambda model: dict(client_grad=mean_grad(model), aggregate=wgm_aggregate(),
                                fishr_lambda=LAM, server_lr=0.3)),
     "fishr_intra_geo": dict(
-        kw=dict(fishr_lambda=LAM, server_optimizer="sgd", server_lr=0.3, weight_decay=0.0,
-                intra_chunk=16),
+        kw=dict(fishr_lambda=LAM, fishr_reduction="mean", server_optimizer="sgd",
+                server_lr=0.3, weight_decay=0.0, intra_chunk=16, intra_group_size=None,
+                zeros="both"),
         ref=lambda model: dict(client_grad=per_example_wgm_grad(model),
                                aggregate=weighted_mean_aggregate, fishr_lambda=LAM,
                                server_lr=0.3)),
     "fishr_intra_arith": dict(
-        kw=dict(fishr_lambda=LAM, server_optimizer="sgd", server_lr=0.3, weight_decay=0.0),
+        kw=dict(fishr_lambda=LAM, fishr_reduction="mean", server_optimizer="sgd",
+                server_lr=0.3, weight_decay=0.0),
         ref=lambda model: dict(client_grad=mean_grad(model),
                                aggregate=weighted_mean_aggregate, fishr_lambda=LAM,
                                server_lr=0.3)),
@@ -360,8 +365,8 @@ def fedcurv_reference(lam):
 
 
 @pytest.mark.parametrize("strategy", ["vmap", "scan"])
-def test_fedcurv_equals_python_loop(strategy):
-  server, cs, _ = run_engine("fedcurv", FEDCURV["kw"], strategy, "pool4", rounds=3,
+def test_fedcurv_shoham_equals_python_loop(strategy):
+  server, cs, _ = run_engine("fedcurv_shoham", FEDCURV["kw"], strategy, "pool4", rounds=3,
                              cohort=3)
   want, stored = fedcurv_reference(FEDCURV["ref"]["lam"])
   _assert_trees_close(server.params, want)
@@ -413,7 +418,7 @@ def test_fedcurv_penalty_closed_form():
 def test_fishr_protocol_equals_jax_grad_of_penalty():
   data, model = _DATA["tiny"]
   params = model.init(0)
-  comp = fedilc.fishr_component(1.0)
+  comp = fedilc.fishr_component(1.0, "mean")  # Alg. 1's (1/E) scale, as _fishr_loss
 
   want_value, want_grad = jax.jit(jax.value_and_grad(
       lambda p: _fishr_loss(model, p, data.x, data.y, data.mask())))(params)
@@ -449,12 +454,13 @@ def test_fishr_protocol_equals_jax_grad_of_penalty():
   assert feat_norm > 1e-10
   # server_update adds λ · mean VJP to the pseudo-gradient.
   pg = tmap(jnp.ones_like, params)
-  _, out = fedilc.fishr_component(2.5).server_update(state, got, pg, ctx)
+  _, out = fedilc.fishr_component(2.5, "mean").server_update(state, got, pg, ctx)
   _assert_trees_close(out, tmap(lambda g: 1.0 + 2.5 * g, got), rtol=1e-6, atol=1e-7)
 
 
 def test_fishr_lambda_zero_is_geometric_exactly():
-  kw = dict(server_lr=0.05, weight_decay=0.01, batch_size=8)
+  kw = dict(server_optimizer="adamw", server_lr=0.05, weight_decay=0.01, batch_size=8,
+            zeros="both")
   geo, _, _ = run_engine("geometric", kw, "scan")
   fishr0, _, _ = run_engine("fishr_inter_geo", dict(kw, fishr_lambda=0.0), "scan")
   for a, b in zip(jax.tree.leaves(geo.params), jax.tree.leaves(fishr0.params)):
@@ -515,18 +521,23 @@ def test_registered_with_hparams():
     assert name in reg and reg[name].paper
     alg = make_algorithm(name)
     hp = alg.hparams
-    assert hp["server_optimizer"] == "adamw" and hp["server_lr"] == 3e-4
+    # FedILC's official server: torch.optim.Adam(lr, weight_decay) = coupled L2.
+    assert hp["server_optimizer"] == "adam" and hp["server_lr"] == 3e-4
     assert hp["weight_decay"] == 0.01
   assert make_algorithm("fishr_inter_geo").hparams["fishr_lambda"] == 15.0
+  assert make_algorithm("fishr_inter_geo").hparams["fishr_reduction"] == "sum"
   assert make_algorithm("fishr_intra_geo").hparams["intra_groups"] is None
-  assert make_algorithm("geometric").hparams["zeros"] == "both"
+  assert make_algorithm("fishr_intra_geo").hparams["intra_group_size"] == 32
+  assert make_algorithm("fishr_intra_geo").hparams["zeros"] == "negative"
+  assert make_algorithm("geometric").hparams["zeros"] == "negative"
+  assert make_algorithm("fedcurv").components[0].name == "fishr"
   assert make_algorithm("geometric").local_steps == 1
 
 
 def test_task_client_defaults_are_not_misrouted():
   """A task's client recipe (FedILC Color-MNIST: Adam 3e-4, wd 0.01) builds every method:
-  FedSGD-type methods drop it (they fix the client), FedCurv uses it for its clients and
-  keeps ``weight_decay`` for the server."""
+  FedSGD-type methods drop it (they fix the client), Shoham's FedCurv uses it for its
+  clients and keeps ``weight_decay`` for the server."""
   from fedjax_inv.tasks import Task
   data, model = _DATA["tiny"]
   task = Task("t", "binary", data, {}, model, {},
@@ -535,7 +546,7 @@ def test_task_client_defaults_are_not_misrouted():
   for name in NAMES:
     alg = make_algorithm(name, **task.algorithm_settings(name))
     assert alg.hparams["weight_decay"] == 0.01  # the server's default, not the task's
-    want_client = "adam" if name == "fedcurv" else "sgd"
+    want_client = "adam" if name == "fedcurv_shoham" else "sgd"
     assert alg.hparams["client_optimizer"] == want_client
 
 
@@ -556,11 +567,16 @@ def test_task_client_defaults_are_not_misrouted():
     ("fishr_intra_geo", dict(intra_chunk=0), "intra_chunk"),
     ("fishr_intra_arith", dict(weighting="size"), "weighting"),
     ("fishr_intra_arith", dict(lambda_=1.0), "unknown"),
-    ("fedcurv", dict(curv_lambda=-1.0), "curv_lambda"),
-    ("fedcurv", dict(local_steps=0), "local_steps"),
-    ("fedcurv", dict(client_lr=0.0), "client_lr"),
-    ("fedcurv", dict(client_optimizer="rmsprop"), "client_optimizer"),
-    ("fedcurv", dict(fisher_chunk=0), "fisher_chunk"),
+    ("fedcurv_shoham", dict(curv_lambda=-1.0), "curv_lambda"),
+    ("fedcurv_shoham", dict(local_steps=0), "local_steps"),
+    ("fedcurv_shoham", dict(client_lr=0.0), "client_lr"),
+    ("fedcurv_shoham", dict(client_optimizer="rmsprop"), "client_optimizer"),
+    ("fedcurv_shoham", dict(fisher_chunk=0), "fisher_chunk"),
+    ("fedcurv", dict(curv_lambda=1.0), "unknown"),
+    ("fedcurv", dict(local_steps=2), "fixes"),
+    ("fedcurv", dict(fishr_reduction="avg"), "fishr_reduction"),
+    ("fishr_intra_geo", dict(intra_group_size=0), "intra_group_size"),
+    ("fishr_intra_geo", dict(intra_shuffle=1), "intra_shuffle"),
 ])
 def test_bad_hyperparameters_raise(name, kw, match):
   with pytest.raises(ValueError, match=match):

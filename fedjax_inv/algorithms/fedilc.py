@@ -12,22 +12,30 @@ Registry names (FedILC §5 lists all of them as the methods it compares):
   or, FedILC §5's "scalable solution", of ``intra_groups`` mini-batch gradients); the
   server takes their arithmetic mean and adds ``λ∇L_Fishr``.
 * ``fishr_intra_arith`` — Fishr+Intra-Arith (FedILC §5 baseline): FedSGD + ``λ∇L_Fishr``.
-* ``fedcurv`` — FedCurv (Shoham et al. 2019, "Overcoming Forgetting in Federated Learning
-  on Non-IID Data"; FedILC §2/§5 baseline): local training with the penalty
+* ``fedcurv`` — FedCurv as FedILC's tables run it (FedILC §5; the official README's
+  "fishr: FedCurv"): FedSGD + ``λ∇L_Fishr`` (arithmetic mean of full-client gradients).
+* ``fedcurv_shoham`` — Shoham et al. 2019's FedCurv ("Overcoming Forgetting in Federated
+  Learning on Non-IID Data"): local training with the penalty
   ``λ Σ_{j≠i} Σ_k F_{j,k}(θ_k − θ̂_{j,k})²`` built from the other clients' diagonal
   Fisher information ``F_j`` and models ``θ̂_j``.
 
-The four FedSGD-type methods fix the client recipe (registered with
+Task settings: the FedSGD-type methods drop a task's client recipe, so every task that
+FedILC uses gives their server settings in ``defaults['per_algorithm']``, built by
+``fedilc_task_settings`` (lr / wd / λ / Intra-Geo batch of FedILC §5.1 and the official
+commands).
+
+The five FedSGD-type methods fix the client recipe (registered with
 ``fixed=FEDSGD_FIXED``, so a task's client defaults are not passed to them; their
 ``weight_decay`` is the server's): one local step of ``sgd(1.0)`` on the
 client's batch at the global model ``w_t`` (the whole client data when ``batch_size`` is
 None), so the pseudo-gradient ``w_t − (w_t − g)`` *is* the client gradient ``g`` (up to
 the float32 rounding of ``w_t − g``: an error of at most half an ulp of ``w_t``, so a
 gradient coordinate smaller than that arrives as an exact zero). The server optimizer
-follows FedILC §5.1: Adam with weight decay (``server_optimizer='adamw'``,
-``server_lr=3e-4``, ``weight_decay=0.01``, the Color-MNIST values), applied to the
-aggregated pseudo-gradient; ``'adam'`` (coupled L2, ``torch.optim.Adam(weight_decay=…)``
-semantics) and ``'sgd'`` (the update ``w − η(…)`` of Alg. 1-2 literally) are options.
+follows FedILC §5.1 and its official code: ``torch.optim.Adam(lr, weight_decay=wd)``, i.e.
+Adam with *coupled* L2 (``server_optimizer='adam'``, default; ``server_lr=3e-4``,
+``weight_decay=0.01``, the Color-MNIST values), applied to the aggregated
+pseudo-gradient; ``'adamw'`` (decoupled decay) and ``'sgd'`` (the update ``w − η(…)`` of
+Alg. 1-2 literally) are options.
 
 Fishr message protocol (one round, ``E`` = the clients sampled this round):
   1. pre-stage, at the global model ``θ = w_t``: client ``e`` sends ``v_e = C_e(θ)``, the
@@ -127,17 +135,17 @@ def _check_unknown(name: str, unknown: dict, accepted) -> None:
                    f"it accepts {sorted(accepted)}.")
 
 
-def server_optimizer(name: str = "adamw", lr: float = 3e-4, weight_decay: float = 0.01,
+def server_optimizer(name: str = "adam", lr: float = 3e-4, weight_decay: float = 0.01,
                      b1: float = 0.9, b2: float = 0.999,
                      eps: float = 1e-8) -> optax.GradientTransformation:
   """The FedILC server optimizer on the aggregated pseudo-gradient.
 
   Args:
-    name: ``'adamw'`` — ``optax.adamw`` (bias-corrected Adam, decoupled weight decay
-      ``w ← w − η(m̂/(√v̂+ε) + wd·w)``), the default, FedILC §5.1's "Adam with weight
-      decay"; ``'adam'`` — coupled L2 (the decay ``wd·w`` is added to the
-      pseudo-gradient before Adam, as ``torch.optim.Adam(weight_decay=wd)`` does);
-      ``'sgd'`` — ``w ← w − η(g + wd·w)``, Alg. 1-2's update literally.
+    name: ``'adam'`` (default) — coupled L2: the decay ``wd·w`` is added to the
+      pseudo-gradient before bias-corrected Adam, as ``torch.optim.Adam(weight_decay=wd)``
+      does (FedILC's official code); ``'adamw'`` — ``optax.adamw`` (decoupled weight
+      decay ``w ← w − η(m̂/(√v̂+ε) + wd·w)``); ``'sgd'`` — ``w ← w − η(g + wd·w)``,
+      Alg. 1-2's update literally.
     lr: server learning rate ``η`` (> 0).
     weight_decay: ``wd >= 0`` (per round, unitless).
     b1, b2, eps: Adam's moment decays and epsilon (torch/optax defaults).
@@ -242,8 +250,20 @@ def client_grad_variance(model, kind: str, params: PyTree, x, y, n) -> dict:
   return penalties.per_sample_classifier_grad_variance(z, logits, y, w)
 
 
-def fishr_component(fishr_lambda: float) -> Component:
+FISHR_REDUCTIONS = ("sum", "mean")
+
+
+def fishr_component(fishr_lambda: float, reduction: str = "sum") -> Component:
   """The Fishr penalty ``λ∇L_Fishr`` as a message protocol over the engine's hooks.
+
+  Scale of ``L_Fishr`` (``reduction``; ``E`` = clients sampled this round):
+
+  * ``'sum'`` (default): ``L_Fishr = Σ_e ‖C_e − C̄‖²``, as FedILC's official code computes
+    it (``fishr_loss += l2_between_dicts(...)`` over the clients, no division by ``E``).
+    The published λ values (15 / 1.0 / 0.1) were tuned with this scale, so with
+    ``'sum'`` they mean what the paper's experiments ran.
+  * ``'mean'``: ``L_Fishr = (1/E) Σ_e ‖C_e − C̄‖²``, Alg. 1-2 of the paper literally; the
+    same λ then acts ``E`` times weaker (pass ``E·λ`` to reproduce the published runs).
 
   Server state ``{'mean_var': v̄ (classifier-shaped: {'kernel': [d, K], 'bias': [K]}),
   'penalty': L_Fishr}``, refreshed every round by the pre-stage.
@@ -261,16 +281,23 @@ def fishr_component(fishr_lambda: float) -> Component:
   ``E`` is the cohort sampled this round (all clients when ``clients_per_round`` is the
   pool size, as in FedILC).
 
+  With ``'sum'`` the stored ``penalty`` and the server's term are ``E`` times the mean
+  forms below (the server multiplies the mean VJP by ``ctx.cohort = E``).
+
   Args:
     fishr_lambda: ``λ >= 0`` (FedILC §5.1: 15.0 Color-MNIST, 1.0 Rotated-CIFAR10, 0.1
-      eICU). With ``λ = 0`` the pseudo-gradient is returned unchanged (bit for bit).
+      eICU, on the ``'sum'`` scale). With ``λ = 0`` the pseudo-gradient is returned
+      unchanged (bit for bit).
+    reduction: ``'sum'`` (official code, default) or ``'mean'`` (Alg. 1-2 literally).
 
   Raises:
-    ValueError: ``fishr_lambda`` negative or not finite.
+    ValueError: ``fishr_lambda`` negative or not finite; unknown ``reduction``.
 
   Source: FedILC §3.2 (L_Fishr, eq. for w_{t+1}), Alg. 1-2; DESIGN.md §1.
   """
   lam = _nonneg("fishr_lambda", fishr_lambda)
+  _choice("fishr_reduction", reduction, FISHR_REDUCTIONS)
+  summed = reduction == "sum"
 
   def init_server(params):
     cls = params["classifier"]
@@ -287,7 +314,10 @@ def fishr_component(fishr_lambda: float) -> Component:
   def pre_update(state, mean, ctx):
     v_bar = mean["v"]
     sq_bar = sum(jnp.sum(a * a) for a in jax.tree.leaves(v_bar))
-    return {"mean_var": v_bar, "penalty": (mean["sq"] - sq_bar).astype(jnp.float32)}
+    pen = mean["sq"] - sq_bar
+    if summed:
+      pen = pen * ctx.cohort
+    return {"mean_var": v_bar, "penalty": pen.astype(jnp.float32)}
 
   def message(model, kind, params0, params, data, ctx, key, local_steps, lr):
     x, y, n = data
@@ -300,7 +330,8 @@ def fishr_component(fishr_lambda: float) -> Component:
   def server_update(state, mean_vjp, pseudo_grad, ctx):
     if lam == 0.0:  # exactly the pseudo-gradient (even if a VJP were not finite)
       return state, pseudo_grad
-    return state, jax.tree.map(lambda p, g: p + lam * g, pseudo_grad, mean_vjp)
+    scale = lam * ctx.cohort if summed else lam
+    return state, jax.tree.map(lambda p, g: p + scale * g, pseudo_grad, mean_vjp)
 
   return Component(name="fishr", init_server=init_server, pre_message=pre_message,
                    pre_aggregator=uniform_mean(), pre_update=pre_update, message=message,
@@ -313,7 +344,8 @@ def fishr_component(fishr_lambda: float) -> Component:
 
 
 def intra_geo_component(groups: int | None = None, chunk: int = 64,
-                        zeros: str = "both") -> Component:
+                        zeros: str = "both", group_size: int | None = None,
+                        shuffle: bool = False) -> Component:
   """Client gradient = weighted geometric mean over environments inside the client.
 
   A ``grad_estimator``: given the minibatch ``batch`` (``x [B, ...]``, ``y [B]``, ``w [B]``
@@ -330,6 +362,14 @@ def intra_geo_component(groups: int | None = None, chunk: int = 64,
     With ``batch_size`` set, each local step's batch is a fresh uniform sample, so the
     groups are random mini-batches; with the full client batch they are fixed slices
     (sub-environments stored contiguously become groups).
+  * ``group_size=s`` (FedILC's official code: the client's DataLoader mini-batches, batch
+    32 on Color-MNIST, 64 on Rotated-CIFAR10 / eICU): the real examples are cut into
+    ``⌈n/s⌉`` mini-batches of ``s`` examples (the last one smaller, like a DataLoader
+    with ``drop_last=False``); with ``shuffle=True`` the order is a fresh uniform
+    permutation every call (``DataLoader(shuffle=True)``; drawn from ``key``), otherwise
+    the stored order. The examples are gathered into ``[⌈B/s⌉, s, ...]`` blocks, so the
+    cost is one forward/backward pass over the batch. ``group_size`` wins over
+    ``groups``; ``shuffle`` applies to ``group_size`` only.
 
   ``loss`` is the weighted mean of the per-example (per-group) losses, i.e. the batch's
   mean loss.
@@ -355,14 +395,18 @@ def intra_geo_component(groups: int | None = None, chunk: int = 64,
   times the cohort under the 'vmap' strategy.
 
   Raises:
-    ValueError: ``groups`` not None / a positive int; ``chunk`` not a positive int;
-      ``zeros`` not in ('both', 'negative').
+    ValueError: ``groups`` / ``group_size`` not None / a positive int; ``chunk`` not a
+      positive int; ``zeros`` not in ('both', 'negative'); ``shuffle`` not a bool.
 
   Source: FedILC §3.3, Alg. 2 (ClientUpdates), §5 (mini-batch geometric mean); §3.1
   (weightedgeo).
   """
   groups = _pos_int("intra_groups", groups, allow_none=True,
                     none_means="one environment per example")
+  group_size = _pos_int("intra_group_size", group_size, allow_none=True,
+                        none_means="use intra_groups / per example")
+  if not isinstance(shuffle, bool):
+    raise ValueError(f"intra_shuffle={shuffle!r}; use True or False.")
   chunk = _pos_int("intra_chunk", chunk)
   _choice("zeros", zeros, ZEROS)
   agg = aggs.geometric_mean_aggregator(zeros)
@@ -377,8 +421,42 @@ def intra_geo_component(groups: int | None = None, chunk: int = 64,
       return agg.lift(g, wi), wi * loss, wi
     return one
 
+  def minibatch_groups(value_and_grad_fn, params, batch, key):
+    w = batch.w.astype(jnp.float32)
+    b = w.shape[0]
+    real = w > 0
+    if shuffle:
+      u = jax.random.uniform(jax.random.fold_in(key, 0x16C), (b,))
+      order = jnp.argsort(jnp.where(real, u, 2.0))  # real examples first, random order
+    else:
+      order = jnp.argsort(jnp.where(real, jnp.arange(b), b + jnp.arange(b)))
+    ng = -(-b // group_size)
+    pad = ng * group_size - b
+
+    def blocks(a, fill=0):
+      a = a[order]
+      if pad:
+        a = jnp.concatenate([a, jnp.full((pad,) + a.shape[1:], fill, a.dtype)])
+      return a.reshape((ng, group_size) + a.shape[1:])
+
+    xs, ys, ws = blocks(batch.x), blocks(batch.y), blocks(w)
+
+    def group(xg, yg, wg):
+      size = jnp.sum(wg)
+      keep = size > 0
+      xg = jnp.where((wg > 0).reshape((-1,) + (1,) * (xg.ndim - 1)), xg,
+                     jnp.zeros_like(xg))
+      loss, g = value_and_grad_fn(params, Batch(x=xg, y=yg, w=wg), key)
+      return agg.lift(_zero_where(keep, g), size), size * jnp.where(keep, loss, 0.0), size
+
+    out = jax.vmap(group)(xs, ys, ws)
+    return jax.tree.map(lambda a: jnp.sum(a, axis=0), out)
+
   def grad_estimator(value_and_grad_fn, params, batch, ctx, key, model=None, kind=None):
     w = batch.w.astype(jnp.float32)
+    if group_size is not None:
+      stats, loss_sum, wsum = minibatch_groups(value_and_grad_fn, params, batch, key)
+      return loss_sum / jnp.maximum(wsum, 1e-12), agg.finalize(stats)
     if groups is None and model is not None and getattr(model, "dense_chain", None):
       return _dense_per_example_wgm(model, kind, params, batch, agg, zeros)
     if groups is None:
@@ -599,11 +677,11 @@ _COMMON = ("batch_size", "weighting") + _SERVER_KW
 
 
 @register("geometric", paper="FedILC §3.1, §5 (Geometric baseline)",
-          summary="FedSGD with the weighted geometric mean of client gradients, server AdamW",
+          summary="FedSGD with the weighted geometric mean of client gradients, server Adam",
           fixed=FEDSGD_FIXED)
-def geometric(*, server_optimizer: str = "adamw", server_lr: float = 3e-4,
+def geometric(*, server_optimizer: str = "adam", server_lr: float = 3e-4,
               weight_decay: float = 0.01, b1: float = 0.9, b2: float = 0.999,
-              eps: float = 1e-8, batch_size=None, zeros: str = "both",
+              eps: float = 1e-8, batch_size=None, zeros: str = "negative",
               weighting: str = "num_examples", **unknown) -> Algorithm:
   """Geometric: ``w ← server_opt(w, wgm_e(g_e))``, ``g_e`` client ``e``'s gradient at ``w``.
 
@@ -615,10 +693,14 @@ def geometric(*, server_optimizer: str = "adamw", server_lr: float = 3e-4,
 
   Args:
     server_optimizer, server_lr, weight_decay, b1, b2, eps: see ``server_optimizer``
-      (defaults: FedILC §5.1.1 Color-MNIST, AdamW lr 3e-4, wd 0.01).
+      (defaults: FedILC §5.1.1 Color-MNIST, lr 3e-4, wd 0.01, ``'adam'`` = coupled L2
+      as the official code's ``torch.optim.Adam(weight_decay=wd)``; tasks set theirs
+      through ``fedilc_task_settings``).
     batch_size: None (full client batch) or examples per local step (with replacement).
-    zeros: 'both' (paper) or 'negative' (FedILC code) — where an exact zero gradient
-      goes; see ``aggregators.weighted_geometric_mean``.
+    zeros: 'negative' (default: FedILC's official code, ``sign > 0`` is E+, every other
+      value E−) or 'both' (the paper's §3.1 text, a zero in both sets, which zeroes that
+      coordinate) — where an exact zero gradient goes; see
+      ``aggregators.weighted_geometric_mean``.
     weighting: 'num_examples' | 'uniform'.
 
   Returns:
@@ -641,12 +723,12 @@ def geometric(*, server_optimizer: str = "adamw", server_lr: float = 3e-4,
 
 @register("fishr_inter_geo", paper="FedILC §3.2, Alg. 1 (Fishr+Inter-Geo)",
           summary="weighted geometric mean of client gradients + lambda * grad Fishr "
-                  "(VJP protocol), server AdamW",
+                  "(VJP protocol), server Adam",
           fixed=FEDSGD_FIXED)
-def fishr_inter_geo(*, fishr_lambda: float = 15.0, server_optimizer: str = "adamw",
+def fishr_inter_geo(*, fishr_lambda: float = 15.0, fishr_reduction: str = "sum", server_optimizer: str = "adam",
                     server_lr: float = 3e-4, weight_decay: float = 0.01, b1: float = 0.9,
                     b2: float = 0.999, eps: float = 1e-8, batch_size=None,
-                    zeros: str = "both", weighting: str = "num_examples",
+                    zeros: str = "negative", weighting: str = "num_examples",
                     **unknown) -> Algorithm:
   """Fishr+Inter-Geo: ``w ← server_opt(w, ∇^∧F + λ∇L_Fishr)`` (FedILC Alg. 1).
 
@@ -660,6 +742,9 @@ def fishr_inter_geo(*, fishr_lambda: float = 15.0, server_optimizer: str = "adam
 
   Args:
     fishr_lambda: ``λ >= 0`` (FedILC §5.1.1: 15.0 for Color-MNIST).
+    fishr_reduction: ``'sum'`` (default; ``L_Fishr = Σ_e ‖C_e − C̄‖²`` as the official
+      code, the scale of the published λ) or ``'mean'`` (Alg. 1's ``1/E``); see
+      ``fishr_component``.
     others: as ``geometric``.
 
   Raises:
@@ -667,62 +752,82 @@ def fishr_inter_geo(*, fishr_lambda: float = 15.0, server_optimizer: str = "adam
 
   Source: FedILC §3.2, Alg. 1.
   """
-  _check_unknown("fishr_inter_geo", unknown, _COMMON + ("zeros", "fishr_lambda"))
+  _check_unknown("fishr_inter_geo", unknown, _COMMON + ("zeros", "fishr_lambda", "fishr_reduction"))
   _choice("zeros", zeros, ZEROS)
   return _fedsgd_type(
       "fishr_inter_geo", aggregator=aggs.geometric_mean_aggregator(zeros),
-      components=(fishr_component(fishr_lambda),), batch_size=batch_size,
+      components=(fishr_component(fishr_lambda, fishr_reduction),), batch_size=batch_size,
       weighting=weighting, server=(server_optimizer, server_lr, weight_decay, b1, b2, eps),
-      extra_hp=dict(zeros=zeros, fishr_lambda=float(fishr_lambda)))
+      extra_hp=dict(zeros=zeros, fishr_lambda=float(fishr_lambda),
+                    fishr_reduction=fishr_reduction))
 
 
 @register("fishr_intra_geo", paper="FedILC §3.3, Alg. 2 (Fishr+Intra-Geo)",
           summary="client gradient = weighted geometric mean of per-example (or "
                   "mini-batch) gradients, arithmetic mean across clients + lambda * grad "
-                  "Fishr, server AdamW",
+                  "Fishr, server Adam",
           fixed=FEDSGD_FIXED)
-def fishr_intra_geo(*, fishr_lambda: float = 15.0, intra_groups=None, intra_chunk: int = 64,
-                    server_optimizer: str = "adamw", server_lr: float = 3e-4,
+def fishr_intra_geo(*, fishr_lambda: float = 15.0, fishr_reduction: str = "sum",
+                    intra_group_size=32, intra_shuffle: bool = True, intra_groups=None,
+                    intra_chunk: int = 64,
+                    server_optimizer: str = "adam", server_lr: float = 3e-4,
                     weight_decay: float = 0.01, b1: float = 0.9, b2: float = 0.999,
-                    eps: float = 1e-8, batch_size=None, zeros: str = "both",
+                    eps: float = 1e-8, batch_size=None, zeros: str = "negative",
                     weighting: str = "num_examples", **unknown) -> Algorithm:
   """Fishr+Intra-Geo: ``w ← server_opt(w, mean_e ∇^∧F_e + λ∇L_Fishr)`` (FedILC Alg. 2).
 
-  Client ``e`` sends ``∇^∧F_e``, the weighted geometric mean of its per-example gradients
-  (each example an environment) — or, with ``intra_groups=m``, of the gradients of ``m``
-  contiguous mini-batches of its batch (FedILC §5's scalable solution); see
-  ``intra_geo_component``. The server averages them arithmetically (weighted by client
+  Client ``e`` sends ``∇^∧F_e``, the weighted geometric mean of the gradients of its
+  mini-batches of ``intra_group_size`` examples (default 32, reshuffled every round, exact
+  zeros counted as negative: what FedILC §5's "scalable solution" and the official code
+  run — ``DataLoader(batch_size=32, shuffle=True)``, ``sign > 0`` as E+). Options: the
+  literal Alg. 2 (each example an environment: ``intra_group_size=None``; on ReLU nets
+  with ``zeros='both'`` this gives exactly zero hidden-weight gradients, because every
+  coordinate has some example with an exact-zero gradient, so it does not train; with
+  ``zeros='negative'`` it trains, but the geometric mean over hundreds of per-example
+  gradients is tiny); or ``m`` contiguous groups (``intra_group_size=None,
+  intra_groups=m``). See ``intra_geo_component``. The server averages them arithmetically (weighted by client
   size with ``weighting='num_examples'``, the FedSGD convention; ``'uniform'`` for Alg. 2's
   plain mean) and adds ``λ∇L_Fishr`` (``fishr_component``).
 
   Args:
     fishr_lambda: ``λ >= 0``.
-    intra_groups: None (per example, Alg. 2) or ``m >= 1`` groups.
+    fishr_reduction: ``'sum'`` (official code, default) | ``'mean'``; see
+      ``fishr_component``.
+    intra_group_size: examples per mini-batch group (default 32: the official Color-MNIST
+      batch; the Rotated-CIFAR10 / eICU tasks set 64), or None to use ``intra_groups``.
+    intra_shuffle: reshuffle the examples into groups every round (default True).
+    intra_groups: with ``intra_group_size=None``: None (per example, Alg. 2 literally) or
+      ``m >= 1`` contiguous groups.
     intra_chunk: examples per vectorized chunk of per-example gradients (memory knob; the
       result does not depend on it).
     others: as ``geometric``.
 
   Raises:
-    ValueError: as ``geometric``; bad ``fishr_lambda``, ``intra_groups``, ``intra_chunk``.
+    ValueError: as ``geometric``; bad ``fishr_lambda``, ``fishr_reduction``,
+      ``intra_group_size``, ``intra_shuffle``, ``intra_groups``, ``intra_chunk``.
 
   Source: FedILC §3.3, Alg. 2; §5 (mini-batch geometric mean).
   """
   _check_unknown("fishr_intra_geo", unknown,
-                 _COMMON + ("zeros", "fishr_lambda", "intra_groups", "intra_chunk"))
-  comp = intra_geo_component(intra_groups, intra_chunk, zeros)
+                 _COMMON + ("zeros", "fishr_lambda", "fishr_reduction", "intra_groups",
+                             "intra_group_size", "intra_shuffle", "intra_chunk"))
+  comp = intra_geo_component(intra_groups, intra_chunk, zeros, intra_group_size,
+                             intra_shuffle)
   return _fedsgd_type(
       "fishr_intra_geo", aggregator=aggs.weighted_mean(),
-      components=(comp, fishr_component(fishr_lambda)), batch_size=batch_size,
+      components=(comp, fishr_component(fishr_lambda, fishr_reduction)), batch_size=batch_size,
       weighting=weighting, server=(server_optimizer, server_lr, weight_decay, b1, b2, eps),
       extra_hp=dict(zeros=zeros, fishr_lambda=float(fishr_lambda),
+                    fishr_reduction=fishr_reduction,
+                    intra_group_size=intra_group_size, intra_shuffle=intra_shuffle,
                     intra_groups=intra_groups, intra_chunk=int(intra_chunk)))
 
 
 @register("fishr_intra_arith", paper="FedILC §5 (Fishr+Intra-Arith baseline)",
           summary="FedSGD (arithmetic mean of client gradients) + lambda * grad Fishr, "
-                  "server AdamW",
+                  "server Adam",
           fixed=FEDSGD_FIXED)
-def fishr_intra_arith(*, fishr_lambda: float = 15.0, server_optimizer: str = "adamw",
+def fishr_intra_arith(*, fishr_lambda: float = 15.0, fishr_reduction: str = "sum", server_optimizer: str = "adam",
                       server_lr: float = 3e-4, weight_decay: float = 0.01, b1: float = 0.9,
                       b2: float = 0.999, eps: float = 1e-8, batch_size=None,
                       weighting: str = "num_examples", **unknown) -> Algorithm:
@@ -746,25 +851,30 @@ def fishr_intra_arith(*, fishr_lambda: float = 15.0, server_optimizer: str = "ad
 
   Source: FedILC §5 (baselines), Alg. 2 with arithmetic instead of geometric means.
   """
-  _check_unknown("fishr_intra_arith", unknown, _COMMON + ("fishr_lambda",))
+  _check_unknown("fishr_intra_arith", unknown, _COMMON + ("fishr_lambda", "fishr_reduction"))
   return _fedsgd_type(
       "fishr_intra_arith", aggregator=aggs.weighted_mean(),
-      components=(fishr_component(fishr_lambda),), batch_size=batch_size,
+      components=(fishr_component(fishr_lambda, fishr_reduction),), batch_size=batch_size,
       weighting=weighting, server=(server_optimizer, server_lr, weight_decay, b1, b2, eps),
-      extra_hp=dict(fishr_lambda=float(fishr_lambda)))
+      extra_hp=dict(fishr_lambda=float(fishr_lambda),
+                    fishr_reduction=fishr_reduction))
 
 
-@register("fedcurv", paper="Shoham et al. 2019 (FedCurv); FedILC §5 baseline",
+@register("fedcurv_shoham", paper="Shoham et al. 2019 (FedCurv)",
           summary="local training + lambda * sum_{j!=i} F_j (theta - theta_j)^2 from pool "
-                  "sums of diagonal Fishers, server AdamW",
+                  "sums of diagonal Fishers (Shoham et al.'s FedCurv), server Adam",
           fixed=("weight_decay",))
-def fedcurv(*, curv_lambda: float = 1.0, client_optimizer: str = "sgd",
+def fedcurv_shoham(*, curv_lambda: float = 1.0, client_optimizer: str = "sgd",
             client_lr: float = 1.0, local_steps: int = 1, batch_size=None,
             client_weight_decay: float = 0.0, fisher_chunk: int = 64,
-            server_optimizer: str = "adamw", server_lr: float = 3e-4,
+            server_optimizer: str = "adam", server_lr: float = 3e-4,
             weight_decay: float = 0.01, b1: float = 0.9, b2: float = 0.999,
             eps: float = 1e-8, weighting: str = "num_examples", **unknown) -> Algorithm:
-  """FedCurv: clients minimize ``L_i(θ) + λ Σ_{j≠i} Σ_k F_{j,k}(θ_k − θ̂_{j,k})²``.
+  """Shoham et al.'s FedCurv: clients minimize
+  ``L_i(θ) + λ Σ_{j≠i} Σ_k F_{j,k}(θ_k − θ̂_{j,k})²``.
+
+  Not the "FedCurv" of FedILC's tables: that one is FedSGD + Fishr (registry ``fedcurv``,
+  as FedILC's README and code say). This is the method of Shoham et al. 2019.
 
   ``θ̂_j``, ``F_j``: the final local model and its empirical diagonal Fisher
   (``diagonal_fisher``) that pool client ``j`` sent the last time it participated
@@ -777,7 +887,7 @@ def fedcurv(*, curv_lambda: float = 1.0, client_optimizer: str = "sgd",
   ``client_weight_decay`` for the clients).
 
   Defaults put FedCurv on FedILC's footing (one full-batch ``sgd(1.0)`` step, i.e. FedSGD
-  plus the curvature term, server AdamW lr 3e-4 wd 0.01); Shoham et al.'s setting is
+  plus the curvature term, server Adam lr 3e-4 wd 0.01); Shoham et al.'s setting is
   FedAvg-type local training (``local_steps > 1``, smaller ``client_lr``, server
   ``'sgd'`` with ``server_lr=1``, ``weight_decay=0``).
 
@@ -794,7 +904,7 @@ def fedcurv(*, curv_lambda: float = 1.0, client_optimizer: str = "sgd",
 
   Source: Shoham et al. 2019 §3-4; FedILC §5 (baseline, server Adam §5.1).
   """
-  _check_unknown("fedcurv", unknown,
+  _check_unknown("fedcurv_shoham", unknown,
                  ("curv_lambda", "client_optimizer", "client_lr", "local_steps",
                   "client_weight_decay", "fisher_chunk") + _COMMON)
   local_steps = _pos_int("local_steps", local_steps)
@@ -810,7 +920,92 @@ def fedcurv(*, curv_lambda: float = 1.0, client_optimizer: str = "sgd",
             client_lr=float(client_lr), local_steps=local_steps, batch_size=batch_size,
             client_weight_decay=cwd, fisher_chunk=int(fisher_chunk), weighting=weighting,
             aggregator="mean", **hp)
-  return Algorithm(name="fedcurv", client_optimizer=copt, server_optimizer=opt,
+  return Algorithm(name="fedcurv_shoham", client_optimizer=copt, server_optimizer=opt,
                    local_steps=local_steps, batch_size=batch_size,
                    aggregator=aggs.weighted_mean(), weighting=weighting,
                    components=(comp,), client_lr=float(client_lr), hparams=hp)
+
+
+@register("fedcurv", paper="FedILC §5 (FedCurv baseline = FedSGD + Fishr, official README)",
+          summary="FedILC's FedCurv: FedSGD (arithmetic mean of full-client gradients) + "
+                  "lambda * grad Fishr, server Adam",
+          fixed=FEDSGD_FIXED)
+def fedcurv(*, fishr_lambda: float = 15.0, fishr_reduction: str = "sum",
+            server_optimizer: str = "adam", server_lr: float = 3e-4,
+            weight_decay: float = 0.01, b1: float = 0.9, b2: float = 0.999,
+            eps: float = 1e-8, batch_size=None, weighting: str = "num_examples",
+            **unknown) -> Algorithm:
+  """FedCurv as FedILC's tables run it: ``w ← server_opt(w, Σ_e n_e g_e/Σ n_e + λ∇L_Fishr)``.
+
+  FedILC §5 describes its FedCurv baseline as "integrates with vanilla Fishr
+  regularization"; the official code's ``--algorithm=fishr`` (README: "FedCurv") is the
+  arithmetic mean of the clients' full-data gradients plus ``λ∇L_Fishr`` — i.e. FedSGD +
+  Fishr, the same update as ``fishr_intra_arith`` (whose official version averages the
+  client's mini-batch gradients, equal to the full gradient when the mini-batches have
+  equal sizes). Shoham et al.'s Fisher penalty is ``fedcurv_shoham``.
+
+  Args:
+    fishr_lambda, fishr_reduction: see ``fishr_component`` (15.0 on the ``'sum'`` scale:
+      FedILC §5.1.1).
+    server_optimizer, server_lr, weight_decay, b1, b2, eps, batch_size, weighting: as
+      ``geometric``.
+
+  Returns:
+    ``Algorithm`` named ``'fedcurv'`` (``hparams`` records every value).
+
+  Raises:
+    ValueError: as ``fishr_intra_arith``.
+
+  Source: FedILC §5 (baselines); official code ``main.py --algorithm=fishr``.
+  """
+  _check_unknown("fedcurv", unknown, _COMMON + ("fishr_lambda", "fishr_reduction"))
+  return _fedsgd_type(
+      "fedcurv", aggregator=aggs.weighted_mean(),
+      components=(fishr_component(fishr_lambda, fishr_reduction),), batch_size=batch_size,
+      weighting=weighting, server=(server_optimizer, server_lr, weight_decay, b1, b2, eps),
+      extra_hp=dict(fishr_lambda=float(fishr_lambda), fishr_reduction=fishr_reduction))
+
+
+FEDILC_METHODS = ("geometric", "fishr_inter_geo", "fishr_intra_geo", "fishr_intra_arith",
+                  "fedcurv")
+_FISHR_METHODS = ("fishr_inter_geo", "fishr_intra_geo", "fishr_intra_arith", "fedcurv")
+
+
+def fedilc_task_settings(*, server_lr: float, weight_decay: float, fishr_lambda: float,
+                         group_size: int) -> dict:
+  """A task's ``defaults['per_algorithm']`` block for the FedILC methods (FedILC §5.1).
+
+  The FedILC methods are FedSGD-type (registered with ``fixed=FEDSGD_FIXED``), so a
+  task's client recipe (``client_lr``, ``weight_decay``, ...) is not passed to them; a
+  task gives their *server* settings here. Every method gets the server Adam with coupled
+  L2 (``server_optimizer='adam'``, the official ``torch.optim.Adam(lr, weight_decay)``),
+  ``server_lr``, ``weight_decay`` and ``batch_size=None`` (clients send full-data
+  gradients, whatever the task's minibatch size); the Fishr methods get
+  ``fishr_lambda`` (on the official ``'sum'`` scale); Intra-Geo gets
+  ``intra_group_size = group_size`` (the official DataLoader batch).
+
+  Args:
+    server_lr: server learning rate (> 0): 3e-4 Color-MNIST, 1e-4 Rotated-CIFAR10, 2e-4
+      eICU.
+    weight_decay: coupled L2 (>= 0): 0.01, 1e-3, 1e-3.
+    fishr_lambda: λ (>= 0): 15.0, 1.0, 0.1.
+    group_size: Intra-Geo mini-batch size (positive int): 32, 64, 64.
+
+  Returns:
+    ``{name: {setting: value}}`` for ``FEDILC_METHODS``.
+
+  Raises:
+    ValueError: a bad value (named), from the same checks as the factories.
+
+  Source: FedILC §5.1.1-5.1.3; official code ``main.py`` commands.
+  """
+  _server_opt("adam", server_lr, weight_decay)
+  _nonneg("fishr_lambda", fishr_lambda)
+  _pos_int("group_size", group_size)
+  server = dict(server_optimizer="adam", server_lr=float(server_lr),
+                weight_decay=float(weight_decay), batch_size=None)
+  out = {name: dict(server) for name in FEDILC_METHODS}
+  for name in _FISHR_METHODS:
+    out[name]["fishr_lambda"] = float(fishr_lambda)
+  out["fishr_intra_geo"]["intra_group_size"] = int(group_size)
+  return out
