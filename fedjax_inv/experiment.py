@@ -55,16 +55,25 @@ def run_reporting(cfg: dict, task):
 
 def report_columns(task, rep, rounds: int) -> tuple[list[str], list[str]]:
   """Table columns for the run's reporting: (all, printed). Per selection rule the
-  evaluation sets' accuracy (or MSE), the rule's own metric, the ranking metrics of
-  'ood' and the fairness metrics at that round; for ``last_k`` every set's accuracy.
-  The printed subset keeps the 'ood' (or first evaluation) set's numbers."""
+  evaluation sets' accuracy (or MSE), the rule's own metric, the ranking metrics
+  (continuous and FedILC's thresholded variant) and the fairness metrics at that round;
+  for ``last_k`` every set's accuracy over the last ``min(last_k, rounds)`` rounds. The
+  printed subset keeps the 'ood' (or first evaluation) set's numbers.
+
+  Args:
+    task: the ``Task``; rep: its ``Reporting``; rounds: rounds per run.
+
+  Returns:
+    ``(columns, printed)``: lists of ``fedjax_inv.eval.reporting.column_value`` names.
+  """
   metric = "mse" if task.kind == "regression" else "accuracy"
   sets = list(task.eval_sets)
   main = "ood" if "ood" in sets else (sets[0] if sets else "train")
   cols, printed = [], []
   for rule in rep.select:
     target = rule.split(":", 1)[1]
-    extra = [f"{s}_{m}" for s in rep.ranking for m in ("auroc", "auprc")]
+    extra = [f"{s}_{m}" for s in rep.ranking
+             for m in ("auroc", "auprc", "auroc_thresholded", "auprc_thresholded")]
     extra += [f"{s}_accuracy_{m}" for s in list(rep.fairness) + list(rep.fairness_groups)
               for m in ("variance", "entropy")]
     here = [f"{s}_{metric}" for s in sets] + [target] + extra
@@ -135,7 +144,7 @@ def run_experiment(cfg: dict, progress: bool = True, overrides=None,
       all_rows += [{"algorithm": a, "seed": s, **h} for h in res.history]
       f = res.final
       acc = " ".join(f"{k}={v:.3f}" for k, v in f.items()
-                     if k.endswith(("_accuracy", "_mse")) and "worst" not in k)
+                     if k.endswith(("_accuracy", "_mse")) and "client" not in k)
       print(f"  {a:18s} seed {s}: {acc}  ({res.seconds:.1f}s, {res.strategy})", file=stream)
       for rule, e in res.selected.items():
         vals = " ".join(f"{k}={v:.3f}" for k, v in e.items()

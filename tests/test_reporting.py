@@ -284,6 +284,7 @@ def test_experiment_writes_selected_and_last_k(tmp_path):
   assert r["selected"]["min:ood_loss"]["round"] >= 7  # rounds 3, 6 come before round 7
   md = (out / "results.md").read_text()
   assert "ood_accuracy@min:ood_loss" in md and "ood_auroc@min:ood_loss" in md
+  assert "ood_auroc_thresholded@min:ood_loss" in md  # the official FedILC variant
   assert "ood_accuracy@last2" in md and "train_accuracy_variance@min:ood_loss" in md
   text = stream.getvalue()
   assert "at min:ood_loss (round " in text and "ood_accuracy@last2" in text

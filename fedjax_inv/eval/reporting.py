@@ -208,7 +208,12 @@ def for_task(task) -> Reporting:
 
 def history_keys(task, reporting: Reporting) -> set:
   """Every key a history entry of ``run(task, ..., reporting=reporting)`` has (computed
-  without compiling anything; used to check selection rules up front)."""
+  without compiling anything; used to check selection rules up front).
+
+  Returns:
+    a set of strings: ``round``, ``train_objective``, the ``summarize`` keys of
+    ``train`` and every evaluation set, and the ranking / fairness keys of ``reporting``.
+  """
   from fedjax_inv.eval import summary_keys
   keys = {"round", "train_objective"}
   for name, data in {"train": task.train, **dict(task.eval_sets)}.items():
@@ -221,8 +226,13 @@ def history_keys(task, reporting: Reporting) -> set:
 
 
 def check(reporting: Reporting, task) -> None:
-  """Raises ValueError (before any compile) for a rule on a metric the run will not
-  record, a ranking set of a non-binary task or with one class, or an unknown set."""
+  """Checks ``reporting`` against ``task`` before anything is compiled.
+
+  Raises:
+    ValueError: a selection rule on a metric the run will not record (the message lists
+      the recorded ones), a ranking set of a non-binary task or holding one class,
+      fairness on a regression task, an unknown set, or a fairness group of < 2 sets.
+  """
   sets = dict(task.eval_sets)
   for s in reporting.ranking:
     if task.kind != "binary":
