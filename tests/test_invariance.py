@@ -344,3 +344,20 @@ def test_fediir_hparams_and_defaults():
 def test_bad_hyperparameters_raise(name, kw, match):
   with pytest.raises(ValueError, match=match):
     make_algorithm(name, **kw)
+
+
+def test_inv_fedavg_warns_when_the_run_ends_before_the_warmup(tiny_binary):
+  """Issue 9.8: with rounds <= warmup_rounds, inv_fedavg equals FedAvg; say so."""
+  from fedjax_inv.core.simulation import run, warn_short_schedule
+  data, model = tiny_binary
+  alg = make_algorithm("inv_fedavg", penalty_weight=1e4, warmup_rounds=5)
+  assert warn_short_schedule(alg, 6) is None
+  assert warn_short_schedule(make_algorithm("fedavg"), 1) is None
+  with pytest.warns(UserWarning, match=r"rounds=5 <= warmup_rounds=5.*never switches on"):
+    assert "--hp warmup_rounds" in warn_short_schedule(alg, 5)
+
+  class _Task:
+    train, eval_sets, kind, info, name = data, {}, "binary", {}, "tiny"
+  _Task.model = model
+  with pytest.warns(UserWarning, match="warmup_rounds=5"):
+    run(_Task(), alg, rounds=2, progress=False, reporting=None)

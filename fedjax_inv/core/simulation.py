@@ -84,6 +84,25 @@ def _copy_params(params):
   return jax.tree.map(lambda a: jnp.array(a, copy=True), params)
 
 
+def warn_short_schedule(algorithm, rounds: int) -> str | None:
+  """Warns (``UserWarning``, and returns the text) when a run is too short for the
+  algorithm's penalty schedule: with ``rounds <= warmup_rounds`` an algorithm whose
+  penalty starts after a warm-up (Invariant FedAvg §3.3: λ(t) = 0 until FedAvg has
+  converged) never switches the penalty on, so the run *is* its base algorithm. The
+  warm-up is not rescaled silently: the paper's schedule is in rounds, and a rescaled
+  one would make short and long runs different algorithms. Returns None when fine."""
+  import warnings
+  warm = (getattr(algorithm, "hparams", None) or {}).get("warmup_rounds")
+  if not warm or rounds > int(warm):
+    return None
+  msg = (f"{algorithm.name}: rounds={rounds} <= warmup_rounds={int(warm)}, so the "
+         "penalty never switches on and this run is the base algorithm (FedAvg for "
+         f"inv_fedavg). Run more than {int(warm)} rounds, or pass a shorter warm-up "
+         "(--hp warmup_rounds=K, K < rounds).")
+  warnings.warn(msg, UserWarning, stacklevel=3)
+  return msg
+
+
 def run(task, algorithm, *, rounds: int, clients_per_round: int | None = None,
         seed: int = 0, execution: str = "auto", chunk_size: int | None = None,
         eval_every: int | None = None, progress: bool = True, shard: bool = True,
@@ -122,6 +141,7 @@ def run(task, algorithm, *, rounds: int, clients_per_round: int | None = None,
   if isinstance(rounds, bool) or int(rounds) != rounds or rounds < 1:
     raise ValueError(f"rounds={rounds}; it must be an integer >= 1.")
   rounds = int(rounds)
+  warn_short_schedule(algorithm, rounds)
   num_clients = task.train.num_clients
   cohort = clients_per_round or num_clients
   eval_every = eval_every or max(1, rounds // 20)
