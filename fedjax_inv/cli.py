@@ -1,6 +1,7 @@
 """``fedjax-inv``: run federated experiments, list tasks/algorithms, benchmark.
 
-  fedjax-inv run                       # the default job (see DEFAULT_RUN)
+  fedjax-inv run                       # the default comparison (see DEFAULT_RUN)
+  fedjax-inv run --task rotated_mnist  # fedavg, 1 seed, on another task
   fedjax-inv run --algorithm fedprox --rounds 100 --hp mu=0.1
   fedjax-inv run --config exp.yaml     # JSON or YAML, keys = flag names; flags override
   fedjax-inv list
@@ -25,8 +26,10 @@ DEFAULT_RUN = dict(task="colored_mnist", algorithm="fedavg,inv_fedavg,fediir,fis
 DEFAULT_ALGORITHM = "fedavg"
 
 RUN_KEYS = {  # config key -> (type, help)
-    "task": (str, "task name (fedjax-inv list)"),
-    "algorithm": (str, "algorithm name, or a comma-separated list to compare"),
+    "task": (str, "task name (fedjax-inv list); default colored_mnist"),
+    "algorithm": (str, "algorithm name, or a comma-separated list to compare; default "
+                       "fedavg (a bare `fedjax-inv run` compares " + DEFAULT_RUN["algorithm"]
+                  + ")"),
     "rounds": (int, "communication rounds (default: the task's)"),
     "clients_per_round": (int, "clients sampled per round (default: all)"),
     "local_steps": (int, "local optimizer steps per round"),
@@ -37,7 +40,8 @@ RUN_KEYS = {  # config key -> (type, help)
     "aggregator": (str, "mean | geometric | gma | and_mask"),
     "tau": (float, "sign-agreement threshold for gma / and_mask"),
     "seed": (int, "first seed"),
-    "seeds": (int, "number of seeds (seed, seed+1, ...)"),
+    "seeds": (int, "number of seeds (seed, seed+1, ...); default 1 (3 for the bare "
+                   "comparison)"),
     "execution": (str, "auto | vmap | scan | chunked"),
     "chunk_size": (int, "clients per chunk for --execution chunked"),
     "eval_every": (int, "evaluate every N rounds"),

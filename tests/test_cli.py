@@ -129,3 +129,11 @@ def test_only_a_bare_run_is_the_comparison(tmp_path):
   cfg.write_text("task: rotated_mnist\nrounds: 3\n")
   from_cfg = _resolved(["--config", str(cfg)])
   assert from_cfg["algorithm"] == "fedavg" and from_cfg["seeds"] == 1
+
+
+def test_run_help_states_the_defaults(capsys):
+  with pytest.raises(SystemExit):
+    cli.main(["run", "--help"])
+  out = " ".join(capsys.readouterr().out.split())
+  assert "default fedavg (a bare `fedjax-inv run` compares" in out
+  assert "default 1 (3 for the bare comparison)" in out
