@@ -3,6 +3,7 @@ never installs when fedjax_inv is importable, and each one executed end to end a
 size (``FEDJAX_INV_NB_SIZE=ci``) in a fresh kernel of this interpreter."""
 import json
 import pathlib
+import sys
 
 import pytest
 
@@ -48,10 +49,19 @@ def test_notebook_runs_end_to_end_at_ci_size(name, tmp_path, monkeypatch):
   monkeypatch.setenv("FEDJAX_INV_NB_SIZE", "ci")
   monkeypatch.setenv("PIP_NO_INDEX", "1")  # belt and braces: nothing may be downloaded
   monkeypatch.setenv("MPLBACKEND", "module://matplotlib_inline.backend_inline")
+  # A kernelspec of our own that runs this interpreter, whatever "python3" means elsewhere
+  # on the machine (JUPYTER_PATH is searched first).
+  spec = tmp_path / "jupyter" / "kernels" / "fedjax-inv-test"
+  spec.mkdir(parents=True)
+  (spec / "kernel.json").write_text(json.dumps({
+      "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+      "display_name": "fedjax_inv tests", "language": "python"}))
+  monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
+  work = tmp_path / "work"
+  work.mkdir()
   nb = nbformat.read(NB_DIR / name, as_version=4)
-  client = nbclient.NotebookClient(nb, timeout=300, kernel_name="python3",
-                                   resources={"metadata": {"path": str(tmp_path)}})
-  # the kernel runs this interpreter ("python" in the kernelspec maps to sys.executable)
+  client = nbclient.NotebookClient(nb, timeout=300, kernel_name="fedjax-inv-test",
+                                   resources={"metadata": {"path": str(work)}})
   client.execute()
   outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
   text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
