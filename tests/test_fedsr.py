@@ -276,9 +276,11 @@ def test_gradients_reach_featurizer_and_reference(tiny_multiclass):
 
 
 def _reference_fedsr(model, data, params, *, rounds, r_mode, a_l2r, a_cmi, lr, mom, wd,
-                     steps, bs, key):
+                     steps, bs, key, weighting):
   """Python loop over clients, each training (w, its own r) with coupled weight decay and
-  heavy-ball momentum; FedAvg server with lr 1. Written from FedSR eq. 9-11, 17-18."""
+  heavy-ball momentum; server: plain mean of the client models (FedSR eq. 1, official
+  ``communicate``) or size-weighted (``weighting='num_examples'``). Written from FedSR
+  eq. 9-11, 17-18."""
   n_all = np.asarray(data.n)
   local_r = [params["reference"]] * data.num_clients
 
@@ -314,7 +316,7 @@ def _reference_fedsr(model, data, params, *, rounds, r_mode, a_l2r, a_cmi, lr, m
       if r_mode == "local":
         local_r[i] = q["reference"]
       deltas.append(jax.tree.map(jnp.subtract, start, q))
-      weights.append(float(n_all[i]))
+      weights.append(float(n_all[i]) if weighting == "num_examples" else 1.0)
     wsum = sum(weights)
     pg = jax.tree.map(lambda *ds: sum(w * d for w, d in zip(weights, ds)) / wsum, *deltas)
     new = jax.tree.map(jnp.subtract, params, pg)
@@ -324,13 +326,17 @@ def _reference_fedsr(model, data, params, *, rounds, r_mode, a_l2r, a_cmi, lr, m
   return params, local_r
 
 
-@pytest.mark.parametrize("r_mode", ["local", "averaged"])
-def test_engine_matches_per_client_loop(tiny_binary, r_mode):
+@pytest.mark.parametrize("r_mode,weighting", [("local", None), ("averaged", "num_examples")])
+def test_engine_matches_per_client_loop(tiny_binary, r_mode, weighting):
+  """Default (None): the uniform server mean of FedSR eq. 1; the option: size weights."""
   data, base = tiny_binary
+  assert len(set(np.asarray(data.n).tolist())) > 1        # unequal clients: weights matter
   hp = dict(a_l2r=0.1, a_cmi=0.5, lr=0.1, mom=0.9, wd=0.01, steps=3, bs=8)
+  extra = {} if weighting is None else {"weighting": weighting}
   alg = make_algorithm("fedsr", z_dim=Z, alpha_l2r=hp["a_l2r"], alpha_cmi=hp["a_cmi"],
                        r_mode=r_mode, client_lr=hp["lr"], client_optimizer="momentum",
-                       weight_decay=hp["wd"], local_steps=hp["steps"], batch_size=hp["bs"])
+                       weight_decay=hp["wd"], local_steps=hp["steps"], batch_size=hp["bs"],
+                       **extra)
   model = alg.model_for(base)
   p0 = model.init(0)
   rf = build_round(model, "binary", alg, data.num_clients, COHORT, execution="scan")
@@ -342,7 +348,8 @@ def test_engine_matches_per_client_loop(tiny_binary, r_mode):
   # The server state's structure is stable across rounds: the round compiled once.
   assert rf.jitted._cache_size() == 1
   want, want_r = _reference_fedsr(model, data, p0, rounds=2, r_mode=r_mode,
-                                  key=jax.random.key(0), **hp)
+                                  key=jax.random.key(0),
+                                  weighting=weighting or "uniform", **hp)
   for a, b in zip(jax.tree.leaves(server.params), jax.tree.leaves(want)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
   moved_ref = _norm(jax.tree.map(jnp.subtract, server.params["reference"], p0["reference"]))
@@ -425,8 +432,10 @@ def test_cmi_needs_probabilistic_head():
 def test_defaults_and_hparams():
   alg = make_algorithm("fedsr")
   hp = alg.hparams
+  # z_dim None: the task model's own representation size (tests/test_fedsr_head.py).
   assert (hp["alpha_l2r"], hp["alpha_cmi"], hp["z_dim"], hp["mc_samples"]) == \
-      (1e-2, 5e-4, 64, 20)
+      (1e-2, 5e-4, None, 20)
+  assert alg.weighting == "uniform"
   assert hp["r_mode"] == "local" and hp["l2r_squared"] is True
   assert (alg.local_steps, alg.batch_size) == (5, 64)
   assert make_algorithm("fedl2r").hparams["probabilistic"] is False

@@ -6,10 +6,14 @@ Registered algorithms (all FedAvg-based, FedSR §3.3.3):
     "a deterministic network otherwise"; official ``FedL2R.py``);
   * ``fedcmi`` — probabilistic representation + CMI only.
 
-The model. ``fedsr_model`` (the ``Algorithm.model_transform``) wraps the task's model: the
-new featurizer is the task's featurizer followed by ``nnx.Linear(d, 2·z_dim)`` producing
-``(μ, pre-σ)``, with ``σ = softplus(pre-σ) + sigma_min`` (FedSR §3.2,
-``p(z|x) = N(μ(x), σ(x)²)``); the new classifier is ``nnx.Linear(z_dim, K)`` (FedSR §4.2:
+The model. ``fedsr_model`` (the ``Algorithm.model_transform``) rebuilds the task's model
+with FedSR's head: when the task's featurizer ends in a representation layer
+``.projection`` (ResNet-18/50: pooled trunk → 512/2048; FedSR's RotatedMNIST ConvNet:
+conv features → 64), that layer is *replaced* by ``nnx.Linear(d_in, 2·z_dim)`` producing
+``(μ, pre-σ)``, exactly as the official code replaces ``net.fc``; otherwise (MLP, CNN)
+``nnx.Linear(d, 2·z_dim)`` is appended. ``σ = softplus(pre-σ) + sigma_min`` (FedSR §3.2,
+``p(z|x) = N(μ(x), σ(x)²)``); ``z_dim`` defaults to the model's own representation size;
+the new classifier is ``nnx.Linear(z_dim, K)`` (FedSR §4.2:
 "a single linear layer"). With the CMI term the model also holds the reference
 distribution ``r(z|y) = N(r_μ[y], r_σ[y]²)`` as the top-level parameter ``'reference'``
 (``{'mu': [C, z_dim], 'sigma_raw': [C, z_dim]}``, ``r_σ = softplus(sigma_raw) + sigma_min``,
@@ -42,8 +46,11 @@ The ``'reference'`` part of ``Δ_k`` (this round's change of ``r_k``) rides alon
 simulated message only because it is part of the parameter pytree; the server discards
 it (a deployment would not send it).
 
-Defaults and sources: ``z_dim=64`` (FedSR §4.2, RotatedMNIST; the official code's default
-is 512 for ResNet18), ``alpha_l2r=1e-2`` and ``alpha_cmi=5e-4`` (the official code's
+Defaults and sources: ``z_dim=None`` (the task model's representation size: 64 for
+FedSR's RotatedMNIST ConvNet, FedSR §4.2; 512 / 2048 for ResNet-18 / -50, FedSR §5),
+``weighting='uniform'`` (the server takes the plain mean of the client models: FedSR
+eq. 1 and the official ``communicate``; ``'num_examples'`` weights by client size),
+``alpha_l2r=1e-2`` and ``alpha_cmi=5e-4`` (the official code's
 ``--L2R_coeff`` / ``--CMI_coeff`` defaults; the paper defers its tuned values to the
 supplement, which is not available), ``mc_samples=20`` (official ``--num_samples``),
 ``local_steps=5`` and ``batch_size=64`` (FedSR §4.2: E = 5, minibatch 64),
@@ -94,39 +101,77 @@ class ClassConditionalGaussian(nnx.Module):
     self.sigma_raw = nnx.Param(jnp.ones((num_classes, z_dim), jnp.float32))
 
 
-class FedSRModel(nnx.Module):
-  """A task model with FedSR's representation head (FedSR §3.2, §4.2).
-
-  ``featurizer``: the base featurizer ``[B, ...] -> [B, d]`` followed by
-  ``nnx.Linear(d, 2·z_dim)`` (probabilistic: output ``concat(μ, pre-σ)`` ``[B, 2·z_dim]``)
-  or ``nnx.Linear(d, z_dim)`` (deterministic: output ``z`` ``[B, z_dim]``).
-  ``classifier``: ``nnx.Linear(z_dim, K)``, ``K`` = the base classifier's output size.
-  ``reference`` (only with ``with_reference``): :class:`ClassConditionalGaussian` with
-  ``max(K, 2)`` classes. ``feature_dim`` is ``z_dim`` (the classifier's input size).
-  The base classifier (linear or not) is dropped: FedSR maps ``z`` to the output with a
-  single linear layer.
+def _head_site(base: nnx.Module):
+  """Where FedSR's head goes: ``('replace', d_in, d_z)`` when ``base.featurizer`` ends in
+  a representation layer ``.projection`` (an ``nnx.Linear``; the ResNets of
+  ``models.resnet`` and FedSR's RotatedMNIST ``models.convnet``), else
+  ``('append', d, d)`` with ``d`` the featurizer's output size.
 
   Raises:
-    ValueError: ``d`` cannot be read (the base classifier is not an ``nnx.Linear`` and
-      the base has no positive ``feature_dim``); no featurizer/classifier.
+    ValueError: no featurizer/classifier, or ``d`` unreadable.
+  """
+  feat = getattr(base, "featurizer", None)
+  cls = getattr(base, "classifier", None)
+  proj = getattr(feat, "projection", None)
+  if isinstance(proj, nnx.Linear) and cls is not None:
+    return "replace", int(proj.in_features), int(proj.out_features)
+  if isinstance(cls, nnx.Linear):
+    d = int(cls.in_features)
+  else:
+    d = int(getattr(base, "feature_dim", -1) or -1)
+  if cls is None or feat is None or d < 1:
+    raise ValueError(
+        f"FedSR needs a base model with a .featurizer and a .classifier that is an "
+        f"nnx.Linear or whose input size is the model's .feature_dim (to read d); got "
+        f"{type(base).__name__} with classifier {type(cls).__name__} and feature_dim "
+        f"{getattr(base, 'feature_dim', None)!r}.")
+  return "append", d, d
+
+
+def _num_outputs(base: nnx.Module, d: int) -> int:
+  cls = base.classifier
+  d_in = int(cls.in_features) if isinstance(cls, nnx.Linear) else d
+  return int(jax.eval_shape(lambda: cls(jnp.zeros((1, d_in), jnp.float32))).shape[-1])
+
+
+class FedSRModel(nnx.Module):
+  """A task model with FedSR's representation head (FedSR §3.2, §4.2, §5; official
+  ``methods/base.py``).
+
+  Where ``(μ, pre-σ)`` come from — as in the official code, which replaces the backbone's
+  last layer (``net.fc = nn.Linear(net.fc.in_features, 2·z_dim)``, μ = first half,
+  σ = softplus(second half)):
+    * base featurizer ending in a ``.projection`` ``nnx.Linear(d_in → d_z)`` (ResNet-18/50:
+      ``d_in`` = 512/2048 pooled trunk features, ``d_z`` = 512/2048; FedSR's RotatedMNIST
+      ConvNet: ``d_in`` = flattened conv features, ``d_z`` = 64): the projection is
+      **replaced** by ``nnx.Linear(d_in → 2·z_dim)`` (probabilistic) or
+      ``nnx.Linear(d_in → z_dim)`` (deterministic); ``z_dim`` defaults to ``d_z``, so the
+      representation z is the paper's 512-/2048-/64-d projection itself.
+    * any other featurizer ``[B, ...] -> [B, d]`` (MLP, CNN): a layer
+      ``nnx.Linear(d → 2·z_dim)`` (or ``z_dim``) is **appended**; ``z_dim`` defaults to
+      ``d``.
+  ``classifier``: ``nnx.Linear(z_dim, K)``, ``K`` = the base classifier's output size
+  (FedSR §4.2: "a single linear layer"; a non-linear base classifier is dropped).
+  ``reference`` (only with ``with_reference``): :class:`ClassConditionalGaussian` with
+  ``max(K, 2)`` classes. ``feature_dim`` is ``z_dim``.
+
+  Raises:
+    ValueError: see :func:`_head_site`; ``z_dim`` not positive.
   """
 
-  def __init__(self, base: nnx.Module, z_dim: int, probabilistic: bool,
+  def __init__(self, base: nnx.Module, z_dim: int | None, probabilistic: bool,
                with_reference: bool, *, rngs: nnx.Rngs):
-    cls = getattr(base, "classifier", None)
-    if isinstance(cls, nnx.Linear):
-      d = int(cls.in_features)
+    site, d_in, d_z = _head_site(base)
+    z_dim = d_z if z_dim is None else int(z_dim)
+    if z_dim < 1:
+      raise ValueError(f"z_dim={z_dim!r}; it must be a positive int (or None).")
+    k = _num_outputs(base, d_z)
+    head = nnx.Linear(d_in, 2 * z_dim if probabilistic else z_dim, rngs=rngs)
+    if site == "replace":
+      base.featurizer.projection = head
+      self.featurizer = base.featurizer
     else:
-      d = int(getattr(base, "feature_dim", -1) or -1)
-    if cls is None or not hasattr(base, "featurizer") or d < 1:
-      raise ValueError(
-          f"FedSR needs a base model with a .featurizer and a .classifier that is an "
-          f"nnx.Linear or whose input size is the model's .feature_dim (to read d); got "
-          f"{type(base).__name__} with classifier {type(cls).__name__} and feature_dim "
-          f"{getattr(base, 'feature_dim', None)!r}.")
-    k = int(jax.eval_shape(lambda: cls(jnp.zeros((1, d), jnp.float32))).shape[-1])
-    out = 2 * z_dim if probabilistic else z_dim
-    self.featurizer = nnx.Sequential(base.featurizer, nnx.Linear(d, out, rngs=rngs))
+      self.featurizer = nnx.Sequential(base.featurizer, head)
     self.classifier = nnx.Linear(z_dim, k, rngs=rngs)
     if with_reference:
       self.reference = ClassConditionalGaussian(max(k, 2), z_dim)
@@ -136,34 +181,70 @@ class FedSRModel(nnx.Module):
     return self.classifier(self.featurizer(x))
 
 
-def fedsr_model(base: FunctionalModel, z_dim: int = 64, probabilistic: bool = True,
+class _FedSRFunctional(FunctionalModel):
+  """``FunctionalModel`` of :class:`FedSRModel` whose ``init(seed)`` keeps a custom
+  initialization of the base's featurizer (e.g. pretrained weights loaded by
+  ``models.resnet.with_pretrained``): every featurizer leaf whose path and shape match
+  the base's ``init(seed)`` is taken from it, except the replaced ``projection``; the
+  head, the classifier and the reference keep their fresh values."""
+
+  def init(self, seed):  # pylint: disable=missing-function-docstring
+    params = FunctionalModel.init(self, seed)
+    base, site = self._base, self._site
+    if type(base).init is FunctionalModel.init:
+      return params                      # plain random base: nothing to keep
+    old = base.init(seed)["featurizer"]
+    if site == "append":
+      old = {"layers": {0: old}}
+
+    def merge(new, old, top):
+      if isinstance(new, dict):
+        return {k: (merge(v, old[k], False) if isinstance(old, dict) and k in old
+                    and not (top and site == "replace" and k == "projection") else v)
+                for k, v in new.items()}
+      return old if getattr(old, "shape", None) == new.shape else new
+
+    return {**params, "featurizer": merge(params["featurizer"], old, True)}
+
+
+def fedsr_model(base: FunctionalModel, z_dim: int | None = None, probabilistic: bool = True,
                 with_reference: bool = True) -> FunctionalModel:
   """FedSR's ``model_transform``: the task's model with the representation head.
 
   Args:
     base: the task's ``FunctionalModel`` (featurizer ``[B, ...] -> [B, d]``, classifier
       ``[B, d] -> [B, K]``).
-    z_dim: representation size (FedSR §4.2: 64 for RotatedMNIST).
+    z_dim: representation size; None (default) = the base's own representation size
+      (its ``.projection`` output: 512 for ResNet-18, 2048 for ResNet-50, 64 for FedSR's
+      RotatedMNIST ConvNet — FedSR §4.2, §5; otherwise the featurizer's output size).
     probabilistic: head outputs ``(μ, pre-σ)`` ``[B, 2·z_dim]`` (True) or ``z [B, z_dim]``.
     with_reference: add the ``'reference'`` parameters of ``r(z|y)`` (CMI term).
 
   Returns:
     A ``FunctionalModel`` whose params have top-level keys ``'featurizer'``,
-    ``'classifier'`` and (with the reference) ``'reference'``. With
-    ``probabilistic=True``, ``features`` returns the distribution parameters
-    ``[B, 2·z_dim]``, so predictions must go through the component's ``forward`` /
-    ``eval_forward`` (``model.apply`` is not meaningful).
+    ``'classifier'`` and (with the reference) ``'reference'``; see :class:`FedSRModel`
+    for where the head sits. With ``probabilistic=True``, ``features`` returns the
+    distribution parameters ``[B, 2·z_dim]``, so predictions must go through the
+    component's ``forward`` / ``eval_forward`` (``model.apply`` is not meaningful).
+    ``init(seed)`` keeps a custom base initialization (pretrained featurizer weights).
 
   Raises:
-    ValueError: ``z_dim`` not a positive int; the base's feature size ``d`` unreadable
-      (see :class:`FedSRModel`).
+    ValueError: ``z_dim`` neither None nor a positive int; the base's feature size
+      unreadable (see :class:`FedSRModel`).
 
-  Source: FedSR §3.2 (probabilistic representation), §4.2 (architecture).
+  Source: FedSR §3.2 (probabilistic representation), §4.2, §5 (architecture); official
+  code ``methods/base.py`` (``net.fc`` replaced by ``Linear(in, 2·z_dim)``).
   """
-  _check_pos_int("z_dim", z_dim)
-  return FunctionalModel.from_factory(
-      lambda rngs: FedSRModel(base.factory(rngs), int(z_dim), bool(probabilistic),
+  if z_dim is not None:
+    _check_pos_int("z_dim", z_dim)
+  site = _head_site(base.factory(nnx.Rngs(0)))[0]
+  proto = FunctionalModel.from_factory(
+      lambda rngs: FedSRModel(base.factory(rngs), z_dim, bool(probabilistic),
                               bool(with_reference), rngs=rngs))
+  m = _FedSRFunctional(proto.factory, proto.graphdef, proto.template, proto.feature_dim)
+  object.__setattr__(m, "_base", base)
+  object.__setattr__(m, "_site", site)
+  return m
 
 
 def gaussian_params(model: FunctionalModel, params: PyTree, x: jax.Array,
@@ -361,8 +442,9 @@ def _reject_fixed(name, kw, fixed):
 
 
 def _build(name, *, alpha_l2r, alpha_cmi, z_dim, mc_samples, l2r_squared, r_mode,
-           probabilistic, sigma_min, local_steps, batch_size, **kw):
-  _check_pos_int("z_dim", z_dim)
+           probabilistic, sigma_min, local_steps, batch_size, weighting, **kw):
+  if z_dim is not None:
+    _check_pos_int("z_dim", z_dim)
   comp = fedsr_component(alpha_l2r=alpha_l2r, alpha_cmi=alpha_cmi, mc_samples=mc_samples,
                          l2r_squared=l2r_squared, r_mode=r_mode,
                          probabilistic=probabilistic, sigma_min=sigma_min,
@@ -370,9 +452,9 @@ def _build(name, *, alpha_l2r, alpha_cmi, z_dim, mc_samples, l2r_squared, r_mode
                          client_optimizer=kw.get("client_optimizer", "sgd"))
   with_ref = float(alpha_cmi) > 0
   alg = build(name, components=(comp,), local_steps=local_steps, batch_size=batch_size,
-              **kw)
+              weighting=weighting, **kw)
   hp = dict(alg.hparams, alpha_l2r=float(alpha_l2r), alpha_cmi=float(alpha_cmi),
-            z_dim=int(z_dim), probabilistic=probabilistic, l2r_squared=l2r_squared,
+            z_dim=None if z_dim is None else int(z_dim), probabilistic=probabilistic, l2r_squared=l2r_squared,
             sigma_min=float(sigma_min))
   if probabilistic:
     hp["mc_samples"] = int(mc_samples)
@@ -384,29 +466,34 @@ def _build(name, *, alpha_l2r, alpha_cmi, z_dim, mc_samples, l2r_squared, r_mode
     alg = alg.replace(client_optimizer=optax.adamw(
         alg.client_lr, weight_decay=alg.hparams["weight_decay"], mask=_decay_mask))
     hp["reference_weight_decay"] = False
-  transform = lambda m: fedsr_model(m, int(z_dim), probabilistic, with_ref)  # noqa: E731
+  transform = lambda m: fedsr_model(m, z_dim, probabilistic, with_ref)  # noqa: E731
   return alg.replace(model_transform=transform, hparams=hp)
 
 
 @register("fedsr", paper="FedSR (Nguyen et al. 2022), §3.3 eq. 9-11, 17-18",
           summary="probabilistic representation z~N(mu,sigma) + L2R + CMI (r(z|y) "
                   "local per client by default)")
-def fedsr(alpha_l2r: float = 1e-2, alpha_cmi: float = 5e-4, z_dim: int = 64,
+def fedsr(alpha_l2r: float = 1e-2, alpha_cmi: float = 5e-4, z_dim: int | None = None,
           mc_samples: int = 20, l2r_squared: bool = True, r_mode: str = "local",
           sigma_min: float = 1e-5, local_steps: int = 5, batch_size: int | None = 64,
-          **kw):
+          weighting: str = "uniform", **kw):
   """FedSR: FedAvg with client objective ``CE + α_L2R ℓ^L2R + α_CMI ℓ^CMI`` (FedSR eq. 9)
   on a probabilistic representation ``z ~ N(μ(x), σ(x)²)``.
 
   Args:
     alpha_l2r: ``α_L2R >= 0`` (official default 1e-2).
     alpha_cmi: ``α_CMI >= 0`` (official default 5e-4).
-    z_dim: representation size (FedSR §4.2: 64).
+    z_dim: representation size; None (default) = the task model's own representation
+      size (FedSR §4.2, §5: 64 on RotatedMNIST, 512 ResNet-18, 2048 ResNet-50); see
+      :func:`fedsr_model`.
     mc_samples: Monte-Carlo draws averaged at evaluation (official default 20).
     l2r_squared: ``‖z‖²`` (paper eq. 10-11, default) or ``‖z‖`` (official code).
     r_mode: ``'local'`` (per-client ``r(z|y)``, official code) or ``'averaged'``.
     sigma_min: floor added to every softplus standard deviation.
     local_steps, batch_size: FedSR §4.2 (E = 5, minibatch 64).
+    weighting: server average of the client models: ``'uniform'`` (default; FedSR eq. 1
+      "simple average", official ``communicate``: ``sum(ps)/len(ps)``) or
+      ``'num_examples'`` (FedAvg's size weighting ``n_k / n``).
     **kw: the common knobs of ``base.build`` (client_lr, server_lr, ...).
 
   Raises:
@@ -417,14 +504,15 @@ def fedsr(alpha_l2r: float = 1e-2, alpha_cmi: float = 5e-4, z_dim: int = 64,
   return _build("fedsr", alpha_l2r=alpha_l2r, alpha_cmi=alpha_cmi, z_dim=z_dim,
                 mc_samples=mc_samples, l2r_squared=l2r_squared, r_mode=r_mode,
                 probabilistic=True, sigma_min=sigma_min, local_steps=local_steps,
-                batch_size=batch_size, **kw)
+                batch_size=batch_size, weighting=weighting, **kw)
 
 
 @register("fedl2r", paper="FedSR (Nguyen et al. 2022), §3.3.1 eq. 10-11 (FedL2R)",
           summary="FedAvg + L2 norm of the representation (deterministic z by default)")
-def fedl2r(alpha_l2r: float = 1e-2, z_dim: int = 64, probabilistic: bool = False,
+def fedl2r(alpha_l2r: float = 1e-2, z_dim: int | None = None, probabilistic: bool = False,
            mc_samples: int = 20, l2r_squared: bool = True, sigma_min: float = 1e-5,
-           local_steps: int = 5, batch_size: int | None = 64, **kw):
+           local_steps: int = 5, batch_size: int | None = 64, weighting: str = "uniform",
+           **kw):
   """FedL2R: FedSR's L2R term only (FedSR eq. 10-11). Deterministic representation
   ``z = Linear(featurizer(x))`` by default (FedSR §3.3.2 uses a probabilistic network
   only with the CMI term; official ``FedL2R.py``); ``probabilistic=True`` samples ``z``
@@ -437,14 +525,14 @@ def fedl2r(alpha_l2r: float = 1e-2, z_dim: int = 64, probabilistic: bool = False
   return _build("fedl2r", alpha_l2r=alpha_l2r, alpha_cmi=0.0, z_dim=z_dim,
                 mc_samples=mc_samples, l2r_squared=l2r_squared, r_mode="local",
                 probabilistic=probabilistic, sigma_min=sigma_min,
-                local_steps=local_steps, batch_size=batch_size, **kw)
+                local_steps=local_steps, batch_size=batch_size, weighting=weighting, **kw)
 
 
 @register("fedcmi", paper="FedSR (Nguyen et al. 2022), §3.3.2 eq. 17-18 (FedCMI)",
           summary="probabilistic representation + CMI term KL(p(z|x) || r(z|y))")
-def fedcmi(alpha_cmi: float = 5e-4, z_dim: int = 64, mc_samples: int = 20,
+def fedcmi(alpha_cmi: float = 5e-4, z_dim: int | None = None, mc_samples: int = 20,
            r_mode: str = "local", sigma_min: float = 1e-5, local_steps: int = 5,
-           batch_size: int | None = 64, **kw):
+           batch_size: int | None = 64, weighting: str = "uniform", **kw):
   """FedCMI: FedSR's CMI term only (FedSR eq. 17-18) on the probabilistic
   representation. Arguments as in :func:`fedsr`.
 
@@ -455,4 +543,4 @@ def fedcmi(alpha_cmi: float = 5e-4, z_dim: int = 64, mc_samples: int = 20,
   return _build("fedcmi", alpha_l2r=0.0, alpha_cmi=alpha_cmi, z_dim=z_dim,
                 mc_samples=mc_samples, l2r_squared=True, r_mode=r_mode,
                 probabilistic=True, sigma_min=sigma_min, local_steps=local_steps,
-                batch_size=batch_size, **kw)
+                batch_size=batch_size, weighting=weighting, **kw)

@@ -50,27 +50,105 @@ class MLP(nnx.Module):
     return self.classifier(self.featurizer(x))
 
 
-class CNN(nnx.Module):
-  """Small ConvNet: [Conv3×3 → ReLU → (MaxPool 2×2)] blocks → global mean pool → Linear.
+# He (Kaiming) normal init for convolutions followed by ReLU (He et al. 2015): keeps the
+# activation variance across layers; flax's default (LeCun normal) halves it per ReLU layer.
+_he_normal = nnx.initializers.variance_scaling(2.0, "fan_in", "normal")
+CNN_POOLS = ("max", "mean")
 
-  Input ``[B, H, W, C]`` channels-last. Featurizer output ``[B, channels[-1]]``.
+
+class CNN(nnx.Module):
+  """Small ConvNet: [Conv3×3 → ReLU → (MaxPool 2×2)] blocks → global pool → Linear.
+
+  Input ``[B, H, W, C]`` channels-last in [0, 1]. Featurizer output ``[B, channels[-1]]``.
   A light stand-in for the DomainBed MNIST ConvNet (FedIIR App. F.2) in CPU tests.
+
+  ``pool='max'`` (default) takes the global max over positions; ``'mean'`` the global
+  mean. Measured (2-core CPU, bundled 5k MNIST, RotatedMNIST 0° held out, 300 central
+  steps of batch 64, SGD-momentum 0.9 lr 0.01, seed 0): the mean-pooled net with flax's
+  default LeCun init reached 22% test / 35% train accuracy (the "13% after 300 steps"
+  report), He init + mean pool 28% / 56%, He init + max pool 68% / 93%: averaging a thin
+  stroke's activations over the whole 7×7 grid dilutes the signal, a max keeps it.
+  Convolutions use He-normal init (ReLU follows each).
   """
 
   def __init__(self, in_channels: int, channels: tuple[int, ...], num_outputs: int, *,
-               rngs: nnx.Rngs):
+               pool: str = "max", rngs: nnx.Rngs):
+    if pool not in CNN_POOLS:
+      raise ValueError(f"pool={pool!r}; choose one of {CNN_POOLS}.")
+    if in_channels <= 0 or num_outputs <= 0 or not channels or any(c <= 0 for c in channels):
+      raise ValueError(f"CNN needs positive sizes and >= 1 conv layer, got in_channels="
+                       f"{in_channels}, channels={channels}, num_outputs={num_outputs}.")
     convs = []
     c = in_channels
     for i, ch in enumerate(channels):
-      convs.append(nnx.Conv(c, ch, kernel_size=(3, 3), rngs=rngs,
+      convs.append(nnx.Conv(c, ch, kernel_size=(3, 3), kernel_init=_he_normal, rngs=rngs,
                             conv_general_dilated=conv_general_dilated))
       convs.append(nnx.relu)
       if i < len(channels) - 1:
         convs.append(lambda x: nnx.max_pool(x, (2, 2), strides=(2, 2)))
       c = ch
-    self.featurizer = nnx.Sequential(*convs, lambda x: jnp.mean(x, axis=(1, 2)))
+    reduce = jnp.max if pool == "max" else jnp.mean
+    self.featurizer = nnx.Sequential(*convs, lambda x: reduce(x, axis=(1, 2)))
     self.classifier = nnx.Linear(c, num_outputs, rngs=rngs)
     self.feature_dim = c
+
+  def __call__(self, x):
+    return self.classifier(self.featurizer(x))
+
+
+class ConvNetFeaturizer(nnx.Module):
+  """FedSR's RotatedMNIST representation network g_θ: two 3×3 convolutions and a fully
+  connected layer (FedSR §4.2).
+
+  ``x [B, H, W, C]`` in [0, 1] → Conv3×3(C→c1, VALID) → ReLU → MaxPool 2×2 →
+  Conv3×3(c1→c2, VALID) → ReLU → MaxPool 2×2 → flatten → ``projection``
+  (``nnx.Linear(c2·h·w → z_dim)``, no non-linearity after it) → ``z [B, z_dim]``.
+  For 28×28 inputs ``h = w = 5`` (28→26→13→11→5).
+
+  ``projection`` is the representation layer: FedSR's probabilistic head replaces it by a
+  ``Linear(c2·h·w → 2·z_dim)`` producing ``(μ, pre-σ)`` (``fedjax_inv.algorithms.fedsr``).
+  """
+
+  def __init__(self, in_channels: int, image_size: tuple[int, int], channels, z_dim: int,
+               *, rngs: nnx.Rngs):
+    c1, c2 = channels
+    self.conv1 = nnx.Conv(in_channels, c1, (3, 3), padding="VALID", kernel_init=_he_normal,
+                          rngs=rngs, conv_general_dilated=conv_general_dilated)
+    self.conv2 = nnx.Conv(c1, c2, (3, 3), padding="VALID", kernel_init=_he_normal,
+                          rngs=rngs, conv_general_dilated=conv_general_dilated)
+    h, w = ((s - 2) // 2 for s in image_size)
+    h, w = (h - 2) // 2, (w - 2) // 2
+    self.trunk_dim = c2 * h * w
+    self.projection = nnx.Linear(self.trunk_dim, z_dim, rngs=rngs)
+
+  def trunk(self, x):
+    """``[B, H, W, C] -> [B, trunk_dim]`` (everything before the projection)."""
+    x = nnx.max_pool(nnx.relu(self.conv1(x)), (2, 2), strides=(2, 2))
+    x = nnx.max_pool(nnx.relu(self.conv2(x)), (2, 2), strides=(2, 2))
+    return x.reshape(x.shape[0], -1)
+
+  def __call__(self, x):
+    return self.projection(self.trunk(x))
+
+
+class ConvNet(nnx.Module):
+  """FedSR's RotatedMNIST network (FedSR §4.2): :class:`ConvNetFeaturizer` (z ∈ R^z_dim,
+  64 in the paper) + a single linear classifier ``Linear(z_dim → num_outputs)``."""
+
+  def __init__(self, in_channels: int, image_size: tuple[int, int], channels,
+               z_dim: int, num_outputs: int, *, rngs: nnx.Rngs):
+    if (in_channels < 1 or num_outputs < 1 or z_dim < 1 or len(tuple(channels)) != 2
+        or any(int(c) < 1 for c in channels)):
+      raise ValueError(f"ConvNet needs in_channels, z_dim, num_outputs >= 1 and two "
+                       f"positive conv widths, got in_channels={in_channels}, "
+                       f"channels={channels}, z_dim={z_dim}, num_outputs={num_outputs}.")
+    if min(image_size) < 10:
+      raise ValueError(f"image_size={image_size}; two VALID 3×3 convs and 2×2 pools need "
+                       "at least 10×10 pixels.")
+    self.featurizer = ConvNetFeaturizer(in_channels, tuple(image_size), tuple(channels),
+                                        z_dim, rngs=rngs)
+    self.classifier = nnx.Linear(z_dim, num_outputs, rngs=rngs)
+    self.feature_dim = z_dim
 
   def __call__(self, x):
     return self.classifier(self.featurizer(x))
@@ -182,7 +260,31 @@ def mlp(in_features: int, hidden=(390, 390), num_outputs: int = 1) -> Functional
       DenseChain(_mlp_layers, _mlp_rebuild))
 
 
-def cnn(in_channels: int, channels=(32, 64, 64), num_outputs: int = 10) -> FunctionalModel:
-  """``FunctionalModel`` of :class:`CNN`."""
+def cnn(in_channels: int, channels=(32, 64, 64), num_outputs: int = 10,
+        pool: str = "max") -> FunctionalModel:
+  """``FunctionalModel`` of :class:`CNN` (``pool``: 'max' or 'mean' global pooling).
+
+  Raises:
+    ValueError: non-positive sizes or an unknown ``pool``.
+  """
   return FunctionalModel.from_factory(
-      lambda rngs: CNN(in_channels, tuple(channels), num_outputs, rngs=rngs))
+      lambda rngs: CNN(in_channels, tuple(channels), num_outputs, pool=pool, rngs=rngs))
+
+
+def convnet(in_channels: int = 1, image_size=(28, 28), channels=(32, 64), z_dim: int = 64,
+            num_outputs: int = 10) -> FunctionalModel:
+  """``FunctionalModel`` of :class:`ConvNet`, FedSR's RotatedMNIST network (FedSR §4.2:
+  "two 3x3 convolutional layers and a fully connected layer ... a representation z of 64
+  dimensions. A single linear layer is then used to map the representation z to the ten
+  output classes"). Channel widths 32, 64 and the 2×2 max-pools follow DIVA's encoder
+  (Ilse et al. 2020, FedSR's ref. [15]); the paper does not state them.
+
+  Shapes: ``x [B, 28, 28, 1]`` → ``z [B, z_dim]`` → logits ``[B, num_outputs]``; params
+  ``featurizer/{conv1, conv2, projection}``, ``classifier``.
+
+  Raises:
+    ValueError: non-positive sizes, not two channel widths, images under 10×10.
+  """
+  return FunctionalModel.from_factory(
+      lambda rngs: ConvNet(int(in_channels), tuple(int(s) for s in image_size),
+                           tuple(channels), int(z_dim), int(num_outputs), rngs=rngs))

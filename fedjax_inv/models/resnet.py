@@ -164,6 +164,11 @@ class ResNetFeaturizer(nnx.Module):
     self.projection = nnx.Linear(cin, feature_dim, rngs=rngs)
 
   def __call__(self, x):
+    return self.projection(self.trunk(x))
+
+  def trunk(self, x):
+    """``[B, H, W, C] -> [B, trunk_dim]``: everything before ``projection`` (the
+    representation layer that FedSR's probabilistic head replaces)."""
     if x.ndim != 4:
       raise ValueError(f"ResNet expects channels-last images [B, H, W, C], got shape "
                        f"{x.shape}.")
@@ -174,7 +179,7 @@ class ResNetFeaturizer(nnx.Module):
       x = nnx.max_pool(x, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)))
     for b in self.blocks:
       x = b(x)
-    return self.projection(jnp.mean(x, axis=(1, 2)))
+    return jnp.mean(x, axis=(1, 2))
 
 
 class ResNet(nnx.Module):
