@@ -398,9 +398,9 @@ def with_pretrained(model: FunctionalModel, path: str | os.PathLike, *,
   :func:`load_pretrained`) over the freshly initialized parameters — by default only the
   featurizer, so the classifier starts fresh (FedSR §5 / FedIIR §5 fine-tune a backbone).
 
-  The file is checked here (keys and shapes), before anything compiles. Note that a
-  ``model_transform`` that rebuilds the model from ``model.factory`` (e.g. FedSR's
-  probabilistic head) does not keep the pretrained weights.
+  The file is checked here (keys and shapes), before anything compiles. A
+  ``model_transform`` that rebuilds the model from ``model.factory`` must copy the base's
+  ``init(seed)`` to keep the weights; FedSR's does (all but the replaced projection).
 
   Raises:
     FileNotFoundError: no file at ``path``.
