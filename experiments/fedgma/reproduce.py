@@ -131,8 +131,9 @@ def run_row(row: str, args) -> dict:
              "mu": args.mu, "channels": args.channels, "local_steps": args.local_steps,
              "client_lr": args.client_lr, "seeds": seeds, "command": " ".join(sys.argv),
              "machine": _machine(), "paper": PAPER[row], "runs": []}
-  for label in labels:
-    for s in seeds:
+  # Seeds outermost: a partial run still holds complete comparisons.
+  for s in seeds:
+    for label in labels:
       r = run_one(row, label, s, args)
       results["runs"].append(r)
       print(f"{row} {label} seed={s}: last-{args.last} {ROWS[row]['metric']} "

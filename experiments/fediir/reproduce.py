@@ -116,9 +116,10 @@ def run_row(row: str, args) -> dict:
          "model": args.model, "channels": args.channels, "lr": args.lr,
          "batch_size": args.batch_size, "local_steps": args.local_steps, "command": " ".join(sys.argv),
          "machine": _machine(), "paper": PAPER.get(row), "runs": []}
-  for label, pen in cols:
-    for s in seeds:
-      for h in holdouts:
+  # Seeds outermost, methods innermost: a partial run still holds complete comparisons.
+  for s in seeds:
+    for h in holdouts:
+      for label, pen in cols:
         r = run_one(label, h, s, num_clients, pen, args)
         res["runs"].append(r)
         print(f"{row} {label} γ_code={pen:g} seed={s} holdout={h}: test "
