@@ -8,9 +8,11 @@ Registry names (FedILC §5 lists all of them as the methods it compares):
   ``w ← w − η(∇^∧F + λ∇L_Fishr)``, ``∇^∧F`` the weighted geometric mean of the client
   gradients.
 * ``fishr_intra_geo`` — Fishr+Intra-Geo (FedILC §3.3, Alg. 2): every client's gradient is
-  the weighted geometric mean of its per-example gradients (each example an environment;
-  or, FedILC §5's "scalable solution", of ``intra_groups`` mini-batch gradients); the
-  server takes their arithmetic mean and adds ``λ∇L_Fishr``.
+  the weighted geometric mean of its mini-batch gradients (default: FedILC §5's "scalable
+  solution" as the official code runs it, mini-batches of ``intra_group_size=32``
+  reshuffled every round, exact zeros counted as negative; ``intra_group_size=None`` is
+  Alg. 2's literal per-example version); the server takes their arithmetic mean and adds
+  ``λ∇L_Fishr``.
 * ``fishr_intra_arith`` — Fishr+Intra-Arith (FedILC §5 baseline): FedSGD + ``λ∇L_Fishr``.
 * ``fedcurv`` — FedCurv as FedILC's tables run it (FedILC §5; the official README's
   "fishr: FedCurv"): FedSGD + ``λ∇L_Fishr`` (arithmetic mean of full-client gradients).
