@@ -25,33 +25,157 @@ DEFAULT_RUN = dict(task="colored_mnist", algorithm="fedavg,inv_fedavg,fediir,fis
                    seeds=3)
 DEFAULT_ALGORITHM = "fedavg"
 
-RUN_KEYS = {  # config key -> (type, help)
+RUN_KEYS = {  # config key -> (type, help); every help states the default
     "task": (str, "task name (fedjax-inv list); default colored_mnist"),
     "algorithm": (str, "algorithm name, or a comma-separated list to compare; default "
                        "fedavg (a bare `fedjax-inv run` compares " + DEFAULT_RUN["algorithm"]
                   + ")"),
-    "rounds": (int, "communication rounds (default: the task's)"),
-    "clients_per_round": (int, "clients sampled per round (default: all)"),
-    "local_steps": (int, "local optimizer steps per round"),
-    "batch_size": (str, "local minibatch size, or 'full' for the whole client data"),
-    "lr": (float, "client learning rate"),
-    "server_lr": (float, "server learning rate"),
-    "client_optimizer": (str, "sgd | momentum | adam"),
-    "aggregator": (str, "mean | geometric | gma | and_mask"),
-    "tau": (float, "sign-agreement threshold for gma / and_mask"),
-    "seed": (int, "first seed"),
-    "seeds": (int, "number of seeds (seed, seed+1, ...); default 1 (3 for the bare "
+    "rounds": (int, "communication rounds >= 1; default: the task's"),
+    "clients_per_round": (int, "clients sampled per round, 1..#clients; default: all"),
+    "local_steps": (int, "local optimizer steps per round >= 1; default: the task's"),
+    "batch_size": (str, "local minibatch size >= 1, or 'full' for the whole client data; "
+                        "default: the task's"),
+    "lr": (float, "client learning rate > 0; default: the task's"),
+    "server_lr": (float, "server learning rate > 0; default: the algorithm's"),
+    "client_optimizer": (str, "sgd | momentum | adam; default: the task's"),
+    "aggregator": (str, "mean | geometric | gma | and_mask; default: the algorithm's"),
+    "tau": (float, "sign-agreement threshold in [0, 1] for gma / and_mask; default 0.4"),
+    "seed": (int, "first seed >= 0; default 0"),
+    "seeds": (int, "number of seeds (seed, seed+1, ...) >= 1; default 1 (3 for the bare "
                    "comparison)"),
-    "execution": (str, "auto | vmap | scan | chunked"),
-    "chunk_size": (int, "clients per chunk for --execution chunked"),
-    "eval_every": (int, "evaluate every N rounds"),
-    "out": (str, "output directory (default runs/<task>-<algorithms>-<time>)"),
-    "data_dir": (str, "directory with raw dataset files (or $FEDJAX_INV_DATA_DIR)"),
-    "source": (str, "data source: auto | raw | tfds | bundled"),
-    "download": (bool, "download missing raw data (opt-in; short timeout)"),
-    "hp": (list, "algorithm hyperparameter NAME=VALUE (repeatable), e.g. mu=0.1"),
-    "holdout": (str, "leave-one-domain-out: 'all' or comma-separated domains (domain tasks)"),
+    "execution": (str, "auto | vmap | scan | chunked; default auto"),
+    "chunk_size": (int, "clients per chunk for --execution chunked (>= 1); default: auto"),
+    "eval_every": (int, "evaluate every N rounds (>= 1); default: the task's, else "
+                        "rounds/20"),
+    "out": (str, "output directory, new or empty (default runs/<task>-<algorithms>-<time>-"
+                 "<id>); an existing non-empty one is refused unless --overwrite"),
+    "overwrite": (bool, "replace an earlier fedjax-inv run in --out (never a folder "
+                        "fedjax-inv did not write); default off"),
+    "resume": (str, "folder of an interrupted run: keep its finished runs, run the rest "
+                    "(same config); default off"),
+    "data_dir": (str, "directory with raw dataset files (or $FEDJAX_INV_DATA_DIR); "
+                      "default: none"),
+    "source": (str, "data source: auto | raw | tfds | bundled; default auto"),
+    "download": (bool, "download missing raw data (opt-in; short timeout); default off"),
+    "hp": (list, "algorithm hyperparameter NAME=VALUE, or ALGORITHM.NAME=VALUE for one "
+                 "algorithm only (repeatable), e.g. mu=0.1, fedprox.mu=0.1; default none"),
+    "holdout": (str, "leave-one-domain-out: 'all' or comma-separated domains (domain "
+                     "tasks); default off"),
+    "select": (str, "model-selection rules, comma-separated (e.g. 'min:ood_loss'), or "
+                    "'none'; default: the task's paper protocol"),
+    "last_k": (int, "also report the mean over the last K rounds (0 = off); default: the "
+                    "task's"),
+    "reporting": (str, "auto (the task's paper protocol) | none; default auto"),
+    "validation": (str, "--holdout model selection: mean | pooled; default mean"),
 }
+
+# Range checks of check_run_config: key -> (kind, minimum or choices).
+_CHECKS = {
+    "rounds": ("int", 1), "clients_per_round": ("int", 1), "local_steps": ("int", 1),
+    "seed": ("int", 0), "seeds": ("int", 1), "chunk_size": ("int", 1),
+    "eval_every": ("int", 1), "last_k": ("int", 0),
+    "lr": ("pos", None), "server_lr": ("pos", None), "tau": ("unit", None),
+    "execution": ("choice", ("auto", "vmap", "scan", "chunked")),
+    "source": ("choice", ("auto", "raw", "tfds", "bundled")),
+    "reporting": ("choice", ("auto", "none")),
+    "validation": ("choice", ("mean", "pooled")),
+    "client_optimizer": ("choice", ("sgd", "momentum", "adam")),
+}
+
+
+def _flag(key: str) -> str:
+  return "--" + key.replace("_", "-")
+
+
+def check_run_config(cfg: dict) -> dict:
+  """Checks every run setting (flags, config file, API) for type and range before
+  anything is loaded or compiled, and returns a copy with numbers as numbers (flags
+  arrive as strings). ``None`` means "not given" (the default is used); 0 is never
+  replaced by a default, it is refused where it is not allowed.
+
+  Args:
+    cfg: ``{key: value}`` with keys of ``RUN_KEYS``.
+
+  Returns:
+    the checked config (ints/floats converted, whitespace-stripped strings).
+
+  Raises:
+    ValueError: one line naming the flag, the value and the allowed range; unknown keys.
+  """
+  import math
+  unknown = sorted(k for k in cfg if k not in RUN_KEYS and not k.startswith("_"))
+  if unknown:
+    raise ValueError(f"unknown settings {unknown}; valid: {sorted(RUN_KEYS)}.")
+  out = dict(cfg)
+  for key, (typ, _) in RUN_KEYS.items():
+    v = cfg.get(key)
+    if v is None:
+      continue
+    f = _flag(key)
+    kind, arg = _CHECKS.get(key, (None, None))
+    if kind == "int":
+      if isinstance(v, str) and v.strip().lstrip("+-").isdigit():
+        v = int(v.strip())
+      if isinstance(v, bool) or not isinstance(v, int):
+        raise ValueError(f"{f} {v!r}: must be an integer >= {arg}.")
+      if v < arg:
+        raise ValueError(f"{f} {v}: must be an integer >= {arg} (a value out of range is "
+                         "refused, not replaced; leave the flag out for the default).")
+    elif kind in ("pos", "unit"):
+      if isinstance(v, str):
+        try:
+          v = float(v.strip())
+        except ValueError:
+          pass
+      if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ValueError(f"{f} {v!r}: must be a number.")
+      v = float(v)
+      if kind == "pos" and not (math.isfinite(v) and v > 0):
+        raise ValueError(f"{f} {v}: must be a finite number > 0.")
+      if kind == "unit" and not (math.isfinite(v) and 0 <= v <= 1):
+        raise ValueError(f"{f} {v}: must be a number in [0, 1].")
+    elif typ is bool:
+      if not isinstance(v, bool):
+        raise ValueError(f"{f} {v!r}: must be true or false.")
+    elif typ is list:
+      if isinstance(v, str):
+        v = [v]
+      if not isinstance(v, (list, tuple)) or not all(isinstance(i, str) for i in v):
+        raise ValueError(f"{f} {v!r}: must be a list of NAME=VALUE strings.")
+      for item in v:
+        name = item.split("=", 1)[0].strip()
+        if "=" not in item or not name or name.startswith(".") or name.endswith("."):
+          raise ValueError(f"{f} {item!r}: expected NAME=VALUE or ALGORITHM.NAME=VALUE, "
+                           "e.g. --hp mu=0.1 or --hp fedprox.mu=0.1.")
+      v = list(v)
+    else:
+      if isinstance(v, bool) or not isinstance(v, (str, int, float)):
+        raise ValueError(f"{f} {v!r}: must be a string.")
+      v = str(v).strip()
+      if not v and key not in ("select",):
+        raise ValueError(f"{f} {v!r}: must not be empty.")
+      if kind == "choice" and v.lower() not in arg:
+        if key == "execution":  # the engine's own wording
+          raise ValueError(f"execution={v!r}; choose one of {list(arg)}.")
+        raise ValueError(f"{f} {v!r}: choose one of {', '.join(arg)}.")
+    out[key] = v
+  if "algorithm" in out and out["algorithm"] is not None:
+    names = [a.strip() for a in str(out["algorithm"]).split(",")]
+    if not all(names):
+      raise ValueError(f"--algorithm {out['algorithm']!r}: give one name or a "
+                       "comma-separated list without empty entries (fedjax-inv list).")
+    if len(set(names)) != len(names):
+      raise ValueError(f"--algorithm {out['algorithm']!r}: an algorithm is listed twice.")
+  b = out.get("batch_size")
+  if b is not None and str(b).lower() != "full":
+    if not (str(b).isdigit() and int(b) >= 1):
+      raise ValueError(f"--batch-size {b!r}: use a positive integer or 'full'.")
+  if out.get("resume") and out.get("out") and str(out["out"]) != str(out["resume"]):
+    raise ValueError(f"--resume {out['resume']!r} with --out {out['out']!r}: a resumed run "
+                     "writes into its own folder; drop --out.")
+  if out.get("resume") and out.get("overwrite"):
+    raise ValueError("--resume and --overwrite contradict each other; use one.")
+  return out
 
 
 def _parse_value(s: str):
@@ -81,6 +205,9 @@ def load_config(path: str) -> dict:
       raise ValueError(f"--config {path}: not valid JSON ({e}); use .yaml/.yml for YAML.")
   if not isinstance(cfg, dict):
     raise ValueError(f"--config {path}: the top level must be a mapping of flag names.")
+  if isinstance(cfg.get("config"), dict) and "provenance" in cfg:
+    # a run's summary.json: its resolved config reproduces the run (issue 11)
+    cfg = {k: v for k, v in cfg["config"].items() if k not in ("out", "overwrite", "resume")}
   cfg = {k.replace("-", "_"): v for k, v in cfg.items()}
   if "hparams" in cfg:
     hp = cfg.pop("hparams")
@@ -103,8 +230,8 @@ def _run_parser(sub):
       p.add_argument(flag, action="store_true", default=None, help=help_)
     elif typ is list:
       p.add_argument(flag, action="append", default=None, metavar="NAME=VALUE", help=help_)
-    else:
-      p.add_argument(flag, type=typ, default=None, help=help_)
+    else:  # strings: check_run_config converts and range-checks with one-line messages
+      p.add_argument(flag, type=str, default=None, help=help_)
   p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
   return p
 
@@ -122,6 +249,17 @@ def resolve_run_config(args) -> dict:
     ValueError: a bad or unknown config file (``load_config``).
   """
   user = {}
+  if getattr(args, "resume", None):
+    others = [k for k in RUN_KEYS if k != "resume" and getattr(args, k, None) is not None]
+    if others or args.config:
+      raise ValueError(f"--resume {args.resume!r} continues the folder's own config; drop "
+                       f"the other settings ({', '.join(map(_flag, others)) or '--config'}).")
+    saved = pathlib.Path(args.resume) / "config.json"
+    if not saved.is_file():
+      raise ValueError(f"--resume {args.resume!r}: no config.json there; give the folder of "
+                       "an earlier `fedjax-inv run`.")
+    user.update(json.loads(saved.read_text()))
+    user["resume"] = args.resume
   if args.config:
     user.update(load_config(args.config))
   for key in RUN_KEYS:
@@ -133,7 +271,7 @@ def resolve_run_config(args) -> dict:
     base = dict(DEFAULT_RUN)
   else:
     base = dict(task=DEFAULT_RUN["task"], algorithm=DEFAULT_ALGORITHM, seeds=1)
-  cfg = {**base, **user}
+  cfg = check_run_config({**base, **user})
   cfg["_defaulted"] = {k: base[k] for k in ("task", "algorithm", "seeds")
                        if k not in user}
   cfg["_bare"] = bare
@@ -184,7 +322,8 @@ def algorithm_overrides(cfg: dict) -> dict:
         raise ValueError(f"--batch-size {b!r}: use a positive integer or 'full'.")
   for item in cfg.get("hp") or []:
     if "=" not in item:
-      raise ValueError(f"--hp {item!r}: expected NAME=VALUE, e.g. --hp mu=0.1")
+      raise ValueError(f"--hp {item!r}: expected NAME=VALUE or ALGORITHM.NAME=VALUE, "
+                       "e.g. --hp mu=0.1 or --hp fedprox.mu=0.1.")
     k, v = item.split("=", 1)
     kw[k.strip()] = _parse_value(v.strip())
   return kw
@@ -194,15 +333,20 @@ def cmd_run(args) -> int:
   cfg = resolve_run_config(args)
   print(describe_plan(cfg), flush=True)
   cfg = {k: v for k, v in cfg.items() if not k.startswith("_")}
+  overrides = algorithm_overrides(cfg)
   if cfg.get("holdout"):
     from fedjax_inv.experiment import run_holdout_experiment
-    run_holdout_experiment(cfg, progress=not args.no_progress,
-                           overrides=algorithm_overrides(cfg))
+    run_holdout_experiment(cfg, progress=not args.no_progress, overrides=overrides)
     return 0
   from fedjax_inv.experiment import run_experiment
-  summary = run_experiment(cfg, progress=not args.no_progress,
-                           overrides=algorithm_overrides(cfg))
-  return 0 if summary else 1
+  summary = run_experiment(cfg, progress=not args.no_progress, overrides=overrides)
+  if summary.get("status") == "diverged":
+    bad = ", ".join(f"{r['algorithm']} seed {r['seed']} (round {r['diverged_round']})"
+                    for r in summary.get("failed_runs", []))
+    print(f"fedjax-inv: {len(summary.get('failed_runs', []))} run(s) diverged: {bad}; "
+          "the other runs finished and were written. Exit code 3.", file=sys.stderr)
+    return 3
+  return 0
 
 
 def cmd_list(args) -> int:
@@ -218,8 +362,18 @@ def cmd_list(args) -> int:
   return 0
 
 
+class _Parser(argparse.ArgumentParser):
+  """argparse with one-line errors (``fedjax-inv: error: ...``, exit code 2)."""
+
+  def error(self, message):
+    self.exit(2, f"fedjax-inv: error: {message} (see `{self.prog} --help`)\n")
+
+
 def main(argv=None) -> int:
-  parser = argparse.ArgumentParser(
+  """Entry point of ``fedjax-inv``. Exit codes: 0 done; 2 bad input (one-line message on
+  stderr, nothing run or written); 3 a run diverged (the others were written); 130
+  interrupted (Ctrl-C; the finished runs were written)."""
+  parser = _Parser(
       prog="fedjax-inv", description="Vectorized federated learning under distribution "
       "shift (FedILC, Invariant FedAvg, FedSR, FedGMA, FedIIR and baselines).")
   sub = parser.add_subparsers(dest="command")
@@ -244,6 +398,10 @@ def main(argv=None) -> int:
   except (ValueError, FileNotFoundError, RuntimeError, MemoryError) as e:
     print(f"fedjax-inv: error: {e}", file=sys.stderr)
     return 2
+  except KeyboardInterrupt as e:
+    where = f"; finished runs are in {e}/ (continue with --resume {e})" if str(e) else ""
+    print(f"fedjax-inv: interrupted{where}.", file=sys.stderr)
+    return 130
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ Layout of the output directory:
 from __future__ import annotations
 
 import datetime
+import os
 import pathlib
 import sys
 import time
@@ -87,28 +88,188 @@ def report_columns(task, rep, rounds: int) -> tuple[list[str], list[str]]:
   return cols, printed
 
 
+def provenance() -> dict:
+  """What produced a result: package / jax / flax / optax / numpy versions, the git
+  commit of the source tree when it is a git checkout (``None`` otherwise), the Python
+  version, the devices and the command line. Never raises."""
+  import importlib.metadata as md
+  import platform
+  import subprocess
+  import fedjax_inv
+  versions = {"fedjax_inv": getattr(fedjax_inv, "__version__", None)}
+  for name in ("jax", "jaxlib", "flax", "optax", "numpy"):
+    try:
+      versions[name] = md.version(name)
+    except md.PackageNotFoundError:
+      versions[name] = None
+  commit = dirty = None
+  src = pathlib.Path(fedjax_inv.__file__).resolve().parent
+  try:
+    commit = subprocess.run(["git", "-C", str(src), "rev-parse", "HEAD"], capture_output=True,
+                            text=True, timeout=5).stdout.strip() or None
+    if commit:
+      dirty = bool(subprocess.run(["git", "-C", str(src), "status", "--porcelain", "--",
+                                   "."], capture_output=True, text=True,
+                                  timeout=5).stdout.strip())
+  except (OSError, subprocess.SubprocessError):
+    pass
+  devs = jax.devices()
+  return {"versions": versions, "git_commit": commit, "git_dirty": dirty,
+          "python": platform.python_version(),
+          "device": {"backend": jax.default_backend(), "count": len(devs),
+                     "kind": getattr(devs[0], "device_kind", str(devs[0]))},
+          "command": " ".join(sys.argv)}
+
+
+def default_out(task_name: str, algos) -> pathlib.Path:
+  """``runs/<task>-<algorithms>-<YYYYmmdd-HHMMSS>-<pid><random>``: unique even for two
+  runs started in the same second (the folder is then created with ``exist_ok=False``)."""
+  import secrets
+  stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+  return pathlib.Path("runs") / (f"{task_name}-{'+'.join(algos)}-{stamp}-"
+                                 f"{os.getpid() % 100000}{secrets.token_hex(2)}")
+
+
+def split_overrides(overrides: dict | None, algos) -> dict:
+  """Per-algorithm hyperparameters from the user's ``overrides``: a plain key (``mu``)
+  applies to every algorithm, a scoped key (``fedprox.mu``) only to that algorithm and
+  wins over the plain one. Returns ``{algorithm: {name: value}}``.
+
+  Raises:
+    ValueError: a scope that names no algorithm of this run.
+  """
+  plain = {k: v for k, v in (overrides or {}).items() if "." not in k}
+  out = {a: dict(plain) for a in algos}
+  for k, v in (overrides or {}).items():
+    if "." in k:
+      scope, name = k.split(".", 1)
+      if scope not in out or not name:
+        raise ValueError(f"--hp {k}={v!r}: {scope!r} is not an algorithm of this run "
+                         f"({', '.join(algos)}); use ALGORITHM.NAME=VALUE with one of "
+                         "them, or NAME=VALUE for all.")
+      out[scope][name] = v
+  return out
+
+
+_POSITIVE = ("client_lr", "server_lr", "lr", "eps", "sigma_min")
+
+
+def check_hparams(name: str, values: dict, scoped: bool = False) -> None:
+  """Checks user-set hyperparameters of algorithm ``name`` against the types of its
+  defaults (``make_algorithm(name).hparams``): numbers must be finite numbers, >= 0
+  (> 0 for learning rates, ``eps`` and ``sigma_min``), integers integral, booleans
+  booleans, strings strings. Unknown names are left to ``make_algorithm``. Before any
+  compile.
+
+  Raises:
+    ValueError: names the algorithm, the hyperparameter, the value and what is allowed.
+  """
+  import math
+  from fedjax_inv.algorithms import make_algorithm
+  defaults = make_algorithm(name).hparams
+  for k, v in values.items():
+    if k not in defaults or defaults[k] is None:
+      continue
+    d = defaults[k]
+    where = f"--hp {name + '.' if scoped else ''}{k}={v!r} ({name})"
+    if isinstance(d, bool):
+      if not isinstance(v, bool):
+        raise ValueError(f"{where}: must be true or false.")
+    elif isinstance(d, (int, float)):
+      if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ValueError(f"{where}: must be a number (default {d!r}).")
+      if not math.isfinite(v):
+        raise ValueError(f"{where}: must be a finite number (default {d!r}).")
+      if isinstance(d, int) and int(v) != v:
+        raise ValueError(f"{where}: must be an integer (default {d!r}).")
+      if k in _POSITIVE and v <= 0:
+        raise ValueError(f"{where}: must be > 0 (default {d!r}).")
+      if v < 0:
+        raise ValueError(f"{where}: must be >= 0 (default {d!r}).")
+    elif isinstance(d, str) and not isinstance(v, str):
+      raise ValueError(f"{where}: must be a string (default {d!r}).")
+
+
+def _run_dir(out: pathlib.Path, a: str, s: int) -> pathlib.Path:
+  return out / a / f"seed{s}"
+
+
+def _load_finished(out: pathlib.Path, algos, seeds) -> dict:
+  """Runs of a previous attempt that completed (their per-run summary.json exists),
+  with their history from metrics.jsonl: ``{(algorithm, seed): run dict}``."""
+  import json
+  done = {}
+  rows = []
+  if (out / "metrics.jsonl").exists():
+    for line in (out / "metrics.jsonl").read_text().splitlines():
+      try:
+        rows.append(json.loads(line))
+      except ValueError:
+        pass  # a line cut by a kill
+  for a in algos:
+    for s in seeds:
+      f = _run_dir(out, a, s) / "summary.json"
+      if f.exists():
+        r = json.loads(f.read_text())
+        r["history"] = [{k: v for k, v in h.items() if k not in ("algorithm", "seed")}
+                        for h in rows if h.get("algorithm") == a and h.get("seed") == s]
+        done[(a, s)] = r
+  return done
+
+
 def run_experiment(cfg: dict, progress: bool = True, overrides=None,
                    stream=None) -> dict:
   """Runs every (algorithm, seed) of ``cfg`` and writes the results directory.
 
-  ``cfg`` keys: see ``fedjax_inv.cli.RUN_KEYS``; also ``reporting`` ('auto' | 'none'),
-  ``select`` and ``last_k`` (:func:`run_reporting`). ``overrides``: algorithm
-  hyperparameters set by the user (they win over the task's defaults). Validation (names, sizes) happens for
-  every algorithm before the first compile. Returns the summary dict.
+  ``cfg`` keys: see ``fedjax_inv.cli.RUN_KEYS`` (checked by
+  ``fedjax_inv.cli.check_run_config``); also ``reporting`` ('auto' | 'none'), ``select``
+  and ``last_k`` (:func:`run_reporting`), ``overwrite`` and ``resume`` (a folder of an
+  earlier, interrupted run of the same config: finished runs are kept, the others run).
+  ``overrides``: algorithm hyperparameters set by the user (they win over the task's
+  defaults; ``ALGORITHM.NAME`` keys apply to one algorithm, :func:`split_overrides`).
+
+  Everything is validated (config, names, sizes, hyperparameters, the output folder)
+  before the first compile and before anything is written. Outputs are streamed:
+  ``metrics.jsonl`` gets a line per evaluation, ``<algorithm>/seed<s>/summary.json`` is
+  written when a run ends, the aggregate files when all end (or on Ctrl-C). A run whose
+  train objective becomes non-finite is recorded with ``status: 'diverged'`` and its
+  first bad round; the others go on.
+
+  Returns:
+    the summary dict; ``summary['status']`` is 'ok', or 'diverged' when a run diverged.
+
+  Raises:
+    ValueError: bad config / output folder (nothing written).
+    KeyboardInterrupt: re-raised after the finished runs were written
+      (``summary['status'] == 'interrupted'``).
   """
+  from fedjax_inv import cli
   from fedjax_inv.algorithms import make_algorithm
   from fedjax_inv.core.engine import resolve_strategy
-  from fedjax_inv.core.simulation import run
+  from fedjax_inv.core.simulation import DivergedError, run
   from fedjax_inv.tasks import make_task
   stream = stream or sys.stdout
 
+  cfg = cli.check_run_config(cfg)
   algos = [a.strip() for a in str(cfg.get("algorithm", "fedavg")).split(",") if a.strip()]
   seed0 = int(cfg.get("seed") or 0)
-  nseeds = int(cfg.get("seeds") or 1)
-  if nseeds < 1:
-    raise ValueError(f"--seeds {nseeds}: must be >= 1.")
+  nseeds = int(cfg["seeds"]) if cfg.get("seeds") is not None else 1
   seeds = list(range(seed0, seed0 + nseeds))
+  resume = cfg.get("resume")
+  overwrite = bool(cfg.get("overwrite"))
+  if resume:
+    out = pathlib.Path(resume)
+    if not (out / "config.json").is_file():
+      raise ValueError(f"--resume {str(resume)!r}: no config.json there; give the folder "
+                       "of an earlier `fedjax-inv run`.")
+  elif cfg.get("out"):
+    out = pathlib.Path(cfg["out"])
+  else:
+    out = None
   resolve_strategy(cfg.get("execution") or "auto", 1)
+  per_algo = split_overrides(overrides, algos)
+  for a in algos:
+    check_hparams(a, {k: v for k, v in per_algo[a].items()})
   task = make_task(cfg["task"], data_dir=cfg.get("data_dir"),
                    source=cfg.get("source") or "auto",
                    download=bool(cfg.get("download")), seed=seed0)
@@ -118,77 +279,156 @@ def run_experiment(cfg: dict, progress: bool = True, overrides=None,
   if not 1 <= cohort <= task.train.num_clients:
     raise ValueError(f"--clients-per-round {cohort}: the task has "
                      f"{task.train.num_clients} training clients.")
-  built = {a: make_algorithm(a, **task.algorithm_settings(a, overrides)) for a in algos}
+  built = {}
+  for a in algos:
+    try:
+      built[a] = make_algorithm(a, **task.algorithm_settings(a, per_algo[a]))
+    except ValueError as e:
+      if len(algos) > 1 and "unknown hyperparameters" in str(e):
+        raise ValueError(f"{e} (with several algorithms, scope a value to one: "
+                         f"--hp {a}.NAME=VALUE is ignored by the others)") from None
+      raise
   rep = run_reporting(cfg, task)
   from fedjax_inv.eval import reporting as rlib
   rlib.check(rep, task)
-  stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-  out = pathlib.Path(cfg.get("out") or f"runs/{task.name}-{'+'.join(algos)}-{stamp}")
+  # The resolved config (summary.json['config']; `fedjax-inv run --config summary.json`).
+  resolved = {k: v for k, v in cfg.items()
+              if k in cli.RUN_KEYS and v is not None and k not in ("out", "overwrite",
+                                                                   "resume")}
+  resolved.update(task=task.name, algorithm=",".join(algos), seed=seed0, seeds=nseeds,
+                  rounds=rounds, clients_per_round=int(cohort))
+  if eval_every:
+    resolved["eval_every"] = int(eval_every)
+  # -- everything checked: create the output folder (never someone else's) --
+  import json
+  if out is not None and not resume:
+    report.check_out_dir(out, overwrite)
+  if out is None:
+    out = default_out(task.name, algos)
+    out.mkdir(parents=True, exist_ok=False)
+  elif resume:
+    saved = json.loads((out / "config.json").read_text())
+    if {k: v for k, v in saved.items() if k != "out"} != resolved:
+      raise ValueError(f"--resume {str(out)!r}: the folder holds a different config; "
+                       f"resume it with `fedjax-inv run --resume {out}` alone.")
+  else:
+    if overwrite:
+      report.remove_run_dir(out)
+    out.mkdir(parents=True, exist_ok=True)
+  (out / report.MARKER).write_text("written by fedjax-inv\n")
+  report.write_json(out / "config.json", resolved)
+  done = _load_finished(out, algos, seeds) if resume else {}
+  metrics_path = out / "metrics.jsonl"
+  report.write_jsonl(metrics_path, [
+      {"algorithm": a, "seed": s, **h} for (a, s), r in done.items() for h in r["history"]])
   print(f"task {task.name}: {task.train.num_clients} training clients "
         f"(sizes {list(map(int, task.train.n))}), eval sets {list(task.eval_sets)}; "
-        f"data: {task.info.get('data_note', task.info.get('dataset_source', 'generated'))}",
-        file=stream)
-  runs, all_rows = [], []
+        f"data: {task.info.get('data_note', task.info.get('dataset_source', 'generated'))}"
+        f"; writing {out}/", file=stream)
+  runs = []
+  status = "ok"
   t0 = time.perf_counter()
-  for a in algos:
-    for s in seeds:
-      res = run(task, built[a], rounds=rounds, clients_per_round=cohort, seed=s,
-                execution=cfg.get("execution") or "auto", chunk_size=cfg.get("chunk_size"),
-                eval_every=eval_every, progress=progress, reporting=rep)
-      summary = {"task": task.name, "algorithm": a, "seed": s, "rounds": rounds,
-                 "num_clients": task.train.num_clients, "clients_per_round": cohort,
-                 "final": res.final, **res.report(), "hparams": built[a].hparams,
-                 "execution": res.strategy, "seconds": round(res.seconds, 2),
-                 "data": task.info, "history": res.history}
-      runs.append(summary)
-      all_rows += [{"algorithm": a, "seed": s, **h} for h in res.history]
-      f = res.final
-      acc = " ".join(f"{k}={v:.3f}" for k, v in f.items()
-                     if k.endswith(("_accuracy", "_mse")) and "client" not in k)
-      print(f"  {a:18s} seed {s}: {acc}  ({res.seconds:.1f}s, {res.strategy})", file=stream)
-      for rule, e in res.selected.items():
-        vals = " ".join(f"{k}={v:.3f}" for k, v in e.items()
-                        if k.endswith(("_accuracy", "_mse", "_auroc", "_auprc"))
-                        and "client" not in k and isinstance(v, float))
-        print(f"  {'':18s}   at {rule} (round {e['round']}): {vals}", file=stream)
-      if res.last_k_mean is not None:
-        w = res.last_k_mean
-        vals = " ".join(f"{k}={v:.3f}" for k, v in w.items()
-                        if k.endswith(("_accuracy", "_mse")) and "client" not in k)
-        print(f"  {'':18s}   mean of rounds {w['first_round']}-{w['last_round']}: {vals}",
+  try:
+    for a in algos:
+      for s in seeds:
+        if (a, s) in done:
+          runs.append(done[(a, s)])
+          print(f"  {a:18s} seed {s}: finished earlier (resumed), kept", file=stream)
+          continue
+
+        def stream_row(entry, a=a, s=s):
+          report.append_jsonl(metrics_path, {"algorithm": a, "seed": s, **entry})
+
+        base = {"task": task.name, "algorithm": a, "seed": s, "rounds": rounds,
+                "num_clients": task.train.num_clients, "clients_per_round": cohort}
+        try:
+          res = run(task, built[a], rounds=rounds, clients_per_round=cohort, seed=s,
+                    execution=cfg.get("execution") or "auto",
+                    chunk_size=cfg.get("chunk_size"), eval_every=eval_every,
+                    progress=progress, reporting=rep, callback=stream_row)
+        except DivergedError as e:
+          summary = {**base, "status": "diverged", "diverged_round": e.round,
+                     "error": str(e), "hparams": built[a].hparams, "data": task.info,
+                     "history": e.history}
+          runs.append(summary)
+          report.write_json(_run_dir(out, a, s) / "summary.json",
+                            {k: v for k, v in summary.items() if k != "history"})
+          status = "diverged"
+          print(f"  {a:18s} seed {s}: DIVERGED at round {e.round} (train objective not "
+                "finite); recorded, going on", file=stream)
+          continue
+        summary = {**base, "status": "ok", "final": res.final, **res.report(),
+                   "hparams": built[a].hparams, "execution": res.strategy,
+                   "seconds": round(res.seconds, 2), "data": task.info,
+                   "history": res.history}
+        runs.append(summary)
+        report.write_json(_run_dir(out, a, s) / "summary.json",
+                          {k: v for k, v in summary.items() if k != "history"})
+        f = res.final
+        acc = " ".join(f"{k}={v:.3f}" for k, v in f.items()
+                       if k.endswith(("_accuracy", "_mse")) and "client" not in k)
+        print(f"  {a:18s} seed {s}: {acc}  ({res.seconds:.1f}s, {res.strategy})",
               file=stream)
+        for rule, e in res.selected.items():
+          vals = " ".join(f"{k}={v:.3f}" for k, v in e.items()
+                          if k.endswith(("_accuracy", "_mse", "_auroc", "_auprc"))
+                          and "client" not in k and isinstance(v, float))
+          print(f"  {'':18s}   at {rule} (round {e['round']}): {vals}", file=stream)
+        if res.last_k_mean is not None:
+          w = res.last_k_mean
+          vals = " ".join(f"{k}={v:.3f}" for k, v in w.items()
+                          if k.endswith(("_accuracy", "_mse")) and "client" not in k)
+          print(f"  {'':18s}   mean of rounds {w['first_round']}-{w['last_round']}: "
+                f"{vals}", file=stream)
+  except KeyboardInterrupt:
+    status = "interrupted"
+  ok = [r for r in runs if r.get("status", "ok") == "ok"]
   extra, printed_extra = report_columns(task, rep, rounds)
   metrics = _final_metrics(task) + extra
-  table = report.comparison_table(runs, metrics)
-  with report.atomic_dir(out) as tmp:
-    report.write_jsonl(tmp / "metrics.jsonl", all_rows)
-    for r in runs:
-      if len(runs) > 1:
-        d = tmp / r["algorithm"] / f"seed{r['seed']}"
-        report.write_json(d / "summary.json", {k: v for k, v in r.items() if k != "history"})
-    if len(runs) == 1:
-      summary = {k: v for k, v in runs[0].items() if k != "history"}
-    else:
-      summary = {"task": task.name, "algorithm": algos, "seed": seeds, "rounds": rounds,
-                 "num_clients": task.train.num_clients, "clients_per_round": cohort,
-                 "table": table,
-                 "runs": [{k: v for k, v in r.items() if k not in ("history", "data")}
-                          for r in runs],
-                 "data": task.info}
-    summary["jax"] = {"version": jax.__version__, "backend": jax.default_backend(),
-                      "devices": jax.device_count()}
-    summary["command"] = " ".join(sys.argv)
-    report.write_json(tmp / "summary.json", summary)
-    (tmp / "results.md").write_text(report.format_table(table, metrics) + "\n")
-    (tmp / "results.csv").write_text(report.table_csv(table, metrics))
-    report.plot_curves(tmp / "curves.png", runs,
+  table = report.comparison_table(ok, metrics)
+  if len(algos) * len(seeds) == 1 and runs:
+    summary = {k: v for k, v in runs[0].items() if k != "history"}
+  else:
+    summary = {"task": task.name, "algorithm": algos, "seed": seeds, "rounds": rounds,
+               "num_clients": task.train.num_clients, "clients_per_round": cohort,
+               "table": table,
+               "runs": [{k: v for k, v in r.items() if k not in ("history", "data")}
+                        for r in runs],
+               "data": task.info}
+  summary["status"] = status
+  if status != "ok":
+    summary["failed_runs"] = [{"algorithm": r["algorithm"], "seed": r["seed"],
+                               "status": r["status"],
+                               "diverged_round": r.get("diverged_round")}
+                              for r in runs if r.get("status") == "diverged"]
+    if status == "interrupted":
+      summary["not_finished"] = [{"algorithm": a, "seed": s} for a in algos for s in seeds
+                                 if not any(r["algorithm"] == a and r["seed"] == s
+                                            for r in runs)]
+  summary["jax"] = {"version": jax.__version__, "backend": jax.default_backend(),
+                    "devices": jax.device_count()}
+  summary["command"] = " ".join(sys.argv)
+  summary["provenance"] = provenance()
+  summary["config"] = resolved
+  report.write_json(out / "summary.json", summary)
+  if ok:
+    failed = "".join(f"\n{r['algorithm']} seed {r['seed']}: diverged at round "
+                     f"{r['diverged_round']} (left out of the table)\n"
+                     for r in runs if r.get("status") == "diverged")
+    report.write_text_atomic(out / "results.md",
+                             report.format_table(table, metrics) + "\n" + failed)
+    report.write_text_atomic(out / "results.csv", report.table_csv(table, metrics))
+    report.plot_curves(out / "curves.png", [r for r in ok if r["history"]],
                        title=f"{task.name}: {', '.join(algos)} ({len(seeds)} seed(s), "
                              f"{rounds} rounds)",
                        sets=("train",) + tuple(task.eval_sets))
-  printed = metrics[: 1 + len(task.eval_sets)] + printed_extra
-  print("\n" + report.format_table(table, printed, markdown=False), file=stream)
+    printed = metrics[: 1 + len(task.eval_sets)] + printed_extra
+    print("\n" + report.format_table(table, printed, markdown=False), file=stream)
   print(f"\nwrote {out}/ (summary.json, metrics.jsonl, results.md, curves.png) in "
-        f"{time.perf_counter() - t0:.0f}s", file=stream)
+        f"{time.perf_counter() - t0:.0f}s" + ("" if status == "ok" else
+                                              f"; status: {status}"), file=stream)
+  if status == "interrupted":
+    raise KeyboardInterrupt(str(out))
   return summary
 
 
@@ -199,8 +439,15 @@ def run_holdout_experiment(cfg: dict, progress: bool = True, overrides=None,
   training-domain validation, test-domain oracle and last round, written as paper-style
   tables to ``runs/<name>/`` (see ``fedjax_inv.eval.lodo``). ``cfg['validation']``:
   'mean' (default, DomainBed/FedIIR per-domain average) or 'pooled'."""
+  from fedjax_inv import cli
   from fedjax_inv.eval import lodo
   stream = stream or sys.stdout
+  cfg = cli.check_run_config(cfg)
+  if cfg.get("resume"):
+    raise ValueError("--resume is not supported with --holdout; rerun with a new --out.")
+  overwrite = bool(cfg.get("overwrite"))
+  if cfg.get("out"):
+    report.check_out_dir(cfg["out"], overwrite)
   holdout = str(cfg["holdout"])
   holdouts = "all" if holdout == "all" else [
       int(h) if h.strip().isdigit() else h.strip() for h in holdout.split(",")]
@@ -217,8 +464,12 @@ def run_holdout_experiment(cfg: dict, progress: bool = True, overrides=None,
       execution=cfg.get("execution") or "auto", eval_every=cfg.get("eval_every"),
       progress=progress, clients_per_round=cfg.get("clients_per_round"), stream=stream,
       validation=cfg.get("validation") or "mean")
-  stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-  out = pathlib.Path(cfg.get("out") or f"runs/{cfg['task']}-lodo-{stamp}")
+  if cfg.get("out"):
+    out = pathlib.Path(cfg["out"])
+    if overwrite:
+      report.remove_run_dir(out)  # only a folder fedjax-inv wrote (checked above)
+  else:
+    out = default_out(str(cfg["task"]), ["lodo"])
   lodo.write_lodo_outputs(out, result)
   print("\n" + lodo.format_lodo_markdown(result), file=stream)
   print(f"\nwrote {out}/ (results.md, results.csv, summary.json, metrics.jsonl)",

@@ -1,7 +1,8 @@
 """Run outputs: metrics.jsonl, summary.json, results tables (markdown/CSV), curves.png.
 
-Everything is written into a temporary sibling directory and moved into place at the end,
-so an interrupted run never leaves a half-written results folder.
+Files are written atomically (temp file + rename); ``metrics.jsonl`` is appended as each
+evaluation completes. Output folders are checked first (``check_out_dir``): an existing
+file, or a non-empty folder fedjax-inv did not create, is never written into or deleted.
 """
 from __future__ import annotations
 
@@ -18,14 +19,69 @@ import tempfile
 import numpy as np
 
 
-@contextlib.contextmanager
-def atomic_dir(path: str | os.PathLike):
-  """Yields a temp directory next to ``path``; on success it replaces ``path``."""
+MARKER = ".fedjax-inv-run"  # written into every output folder fedjax-inv creates
+
+
+def check_out_dir(path, overwrite: bool = False) -> pathlib.Path:
+  """Checks that ``path`` may receive a run's outputs, without creating anything.
+
+  Allowed: a path that does not exist, an empty directory, or (``overwrite=True`` only)
+  a directory that fedjax-inv itself wrote (it holds the ``MARKER`` file). Nothing else
+  is ever replaced or deleted, so a wrong ``--out`` cannot destroy a user's files.
+
+  Raises:
+    ValueError: ``path`` is a file; or a non-empty directory without ``overwrite``; or a
+      non-empty directory that fedjax-inv did not create (even with ``overwrite``).
+  """
   path = pathlib.Path(path)
+  if path.exists() and not path.is_dir():
+    raise ValueError(f"--out {str(path)!r} is an existing file, not a directory; choose "
+                     "a new folder name.")
+  if path.is_dir() and any(path.iterdir()):
+    if not (path / MARKER).exists():
+      raise ValueError(f"--out {str(path)!r} is a non-empty directory that fedjax-inv did "
+                       "not create; refusing to write into it (nothing was changed). "
+                       "Choose a new or empty folder.")
+    if not overwrite:
+      raise ValueError(f"--out {str(path)!r} already holds a fedjax-inv run; pass "
+                       "--overwrite to replace it, --resume to continue it, or choose "
+                       "a new folder.")
+  return path
+
+
+def remove_run_dir(path) -> None:
+  """Deletes ``path`` only if it is empty or holds fedjax-inv's ``MARKER`` file.
+
+  Raises:
+    ValueError: ``path`` exists and was not created by fedjax-inv (see
+      :func:`check_out_dir`).
+  """
+  path = check_out_dir(path, overwrite=True)
+  if path.is_dir():
+    shutil.rmtree(path)
+
+
+@contextlib.contextmanager
+def atomic_dir(path: str | os.PathLike, overwrite: bool = False):
+  """Yields a temp directory next to ``path``; on success it is moved to ``path``.
+
+  ``path`` must not exist, be an empty directory, or (``overwrite=True``) a directory
+  fedjax-inv wrote (:func:`check_out_dir`); a directory it did not create is never
+  replaced or deleted. On an exception the temp directory (ours) is removed and ``path``
+  is untouched.
+
+  Raises:
+    ValueError: ``path`` is a file or a foreign / non-empty directory (checked before
+      and again after the body runs).
+  """
+  path = pathlib.Path(path)
+  check_out_dir(path, overwrite)
   path.parent.mkdir(parents=True, exist_ok=True)
   tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
   try:
+    (tmp / MARKER).write_text("written by fedjax-inv\n")
     yield tmp
+    check_out_dir(path, overwrite)
   except BaseException:
     shutil.rmtree(tmp, ignore_errors=True)
     raise
@@ -38,18 +94,40 @@ def atomic_dir(path: str | os.PathLike):
     shutil.rmtree(old, ignore_errors=True)
 
 
+def write_text_atomic(path, text: str) -> None:
+  """Writes ``text`` to ``path`` via a temp file + ``os.replace`` (never half-written)."""
+  path = pathlib.Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+  try:
+    with os.fdopen(fd, "w") as f:
+      f.write(text)
+    os.chmod(tmp, 0o644)  # mkstemp makes 0600; results are ordinary files
+    os.replace(tmp, path)
+  except BaseException:
+    with contextlib.suppress(OSError):
+      os.unlink(tmp)
+    raise
+
+
+def append_jsonl(path, row: dict) -> None:
+  """Appends one JSON line to ``path`` and flushes it to the OS (streamed metrics)."""
+  path = pathlib.Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  with open(path, "a") as f:
+    f.write(json.dumps(row, default=_jsonable) + "\n")
+    f.flush()
+
+
 def write_json(path, obj) -> None:
   path = pathlib.Path(path)
   path.parent.mkdir(parents=True, exist_ok=True)
-  path.write_text(json.dumps(obj, indent=2, sort_keys=False, default=_jsonable) + "\n")
+  write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=False, default=_jsonable)
+                    + "\n")
 
 
 def write_jsonl(path, rows) -> None:
-  path = pathlib.Path(path)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  with open(path, "w") as f:
-    for r in rows:
-      f.write(json.dumps(r, default=_jsonable) + "\n")
+  write_text_atomic(path, "".join(json.dumps(r, default=_jsonable) + "\n" for r in rows))
 
 
 def _jsonable(o):

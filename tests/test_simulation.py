@@ -62,3 +62,42 @@ def test_errors_before_compile(tiny_binary):
     make_algorithm("scaffold", client_optimizer="adam")
   with pytest.raises(ValueError, match="local_steps=0"):
     make_algorithm("fedavg", local_steps=0)
+
+
+def test_divergence_stops_at_the_first_non_finite_round(tiny_binary, monkeypatch):
+  # issue 11: NaN was only checked after the last round (`--lr nan --rounds 3000` ran all
+  # 3000). The objective is injected non-finite from round 7 on; the loop must stop at
+  # the next check (round 10 < 40, no eval before) and report round 7, not 10.
+  real_build = simulation.build_round
+  calls = []
+
+  def build(*a, **k):
+    fn = real_build(*a, **k)
+
+    class Wrapped:
+      strategy = fn.strategy
+
+      def __call__(self, server, cstates, data, key):
+        server, cstates, m = fn(server, cstates, data, key)
+        calls.append(1)
+        if len(calls) >= 7:
+          m = dict(m, train_loss=m["train_loss"] * np.float32("inf"))
+        return server, cstates, m
+    return Wrapped()
+
+  monkeypatch.setattr(simulation, "build_round", build)
+  alg = make_algorithm("fedavg", client_lr=0.1, local_steps=1, batch_size=8)
+  with pytest.raises(simulation.DivergedError, match="round 7") as e:
+    simulation.run(_task(tiny_binary), alg, rounds=40, eval_every=40, progress=False)
+  assert e.value.round == 7 and e.value.history == []
+  assert len(calls) == simulation.CHECK_EVERY  # stopped at the first check, not round 40
+  assert isinstance(e.value, FloatingPointError)
+
+
+def test_nan_learning_rate_stops_early(tiny_binary):
+  alg = make_algorithm("fedavg", client_lr=float("nan"), local_steps=1, batch_size=8)
+  with pytest.raises(simulation.DivergedError) as e:
+    simulation.run(_task(tiny_binary), alg, rounds=3000, eval_every=3000, progress=False)
+  # round 1's objective is the loss of the initial model (1 local step, taken after it);
+  # the NaN step makes round 2's objective NaN: stopped there, not after 3000 rounds.
+  assert e.value.round == 2

@@ -78,6 +78,31 @@ def evaluate_all(evaluate, params, task, reporting=None, predict_fn=None) -> dic
   return out
 
 
+class DivergedError(FloatingPointError):
+  """A run's train objective became non-finite (NaN or ±inf).
+
+  Attributes:
+    round: the first round (1-based) whose train objective was not finite.
+    history: the evaluated rounds before it (``RunResult.history`` entries).
+    algorithm: the algorithm's name.
+  """
+
+  def __init__(self, round: int, history: list, algorithm: str):
+    self.round, self.history, self.algorithm = int(round), list(history), algorithm
+    super().__init__(f"training diverged at round {self.round}: the train objective of "
+                     f"{algorithm} is not finite; lower the learning rates.")
+
+
+@jax.jit
+def _first_bad_round(bad, loss, r):
+  # Stays on device: the first round whose objective is not finite (0 while all are).
+  return jnp.where((bad == 0) & ~jnp.isfinite(loss), r, bad)
+
+
+# How often (in rounds) the device-side divergence flag is read between evaluations.
+CHECK_EVERY = 10
+
+
 def _copy_params(params):
   # An independent copy: the selected model must not change with later rounds, even if
   # the engine ever donates or updates the server state in place.
@@ -136,7 +161,10 @@ def run(task, algorithm, *, rounds: int, clients_per_round: int | None = None,
     ValueError: ``rounds < 1``, bad cohort, bad strategy, bad ``eval_every`` or
       ``reporting`` (e.g. a selection rule on a metric the run does not record) — all
       before compiling.
-    FloatingPointError: the last train objective is not finite.
+    DivergedError: (a ``FloatingPointError``) the train objective became NaN/inf; the
+      run stops at the next evaluation or within ``CHECK_EVERY`` rounds, and the error
+      carries the FIRST non-finite round (a device-side scalar updated every round)
+      and the history so far.
   """
   if isinstance(rounds, bool) or int(rounds) != rounds or rounds < 1:
     raise ValueError(f"rounds={rounds}; it must be an integer >= 1.")
@@ -169,9 +197,15 @@ def run(task, algorithm, *, rounds: int, clients_per_round: int | None = None,
     bar = tqdm(total=rounds, desc=f"{algorithm.name} on {task.name}", unit="round",
                leave=False, disable=None)
   t0 = time.perf_counter()
+  bad = jnp.zeros((), jnp.int32)
   try:
     for r in range(1, rounds + 1):
       server, cstates, metrics = round_fn(server, cstates, task.train, key)
+      bad = _first_bad_round(bad, metrics["train_loss"], r)
+      if r in schedule or r % CHECK_EVERY == 0:
+        first_bad = int(bad)
+        if first_bad:
+          raise DivergedError(first_bad, history, algorithm.name)
       if r in schedule:
         entry = {"round": r, "train_objective": float(metrics["train_loss"])}
         entry.update(evaluate_all(evaluate, server.params, task, rep, predict_fn))
@@ -194,10 +228,6 @@ def run(task, algorithm, *, rounds: int, clients_per_round: int | None = None,
     if bar is not None:
       bar.close()
   seconds = time.perf_counter() - t0
-  if not np.isfinite(history[-1]["train_objective"]):
-    raise FloatingPointError(
-        f"training diverged (train objective {history[-1]['train_objective']}) for "
-        f"{algorithm.name}; lower the learning rates.")
   selected = reporting_lib.select_rounds_by(history, rep.select, rep.select_from)
   last = reporting_lib.last_k_mean(history, rep.last_k, rounds) if rep.last_k else None
   return RunResult(history, history[-1], server.params, server, round_fn.strategy, seconds,

@@ -1,0 +1,130 @@
+"""Issue 11: a corpus of bad inputs. Each must end with exit code 2 and a one-line
+``fedjax-inv: error: ...`` message naming the field, with no traceback, before anything
+is compiled (``build_round`` is made to fail if reached), leaving no files behind."""
+import json
+import os
+
+import pytest
+
+from fedjax_inv import cli, report
+
+T = ["run", "--task", "linear_regression", "--rounds", "2", "--no-progress"]
+P = ["run", "--task", "linear_regression", "--algorithm", "fedprox", "--rounds", "2",
+     "--no-progress"]
+
+CASES = [  # (argv, text the one-line message must contain)
+    (T + ["--rounds", "0"], "--rounds 0"),
+    (T + ["--rounds", "-1"], "--rounds -1"),
+    (T + ["--rounds", "abc"], "--rounds 'abc'"),
+    (T + ["--rounds", "1.5"], "--rounds '1.5'"),
+    (T + ["--clients-per-round", "0"], "--clients-per-round 0"),
+    (T + ["--clients-per-round", "99"], "--clients-per-round 99"),
+    (T + ["--seeds", "0"], "--seeds 0"),
+    (T + ["--eval-every", "0"], "--eval-every 0"),
+    (T + ["--chunk-size", "0"], "--chunk-size 0"),
+    (T + ["--local-steps", "0"], "--local-steps 0"),
+    (T + ["--seed", "-1"], "--seed -1"),
+    (T + ["--last-k", "-1"], "--last-k -1"),
+    (T + ["--lr", "nan"], "--lr nan"),
+    (T + ["--lr", "inf"], "--lr inf"),
+    (T + ["--lr", "-0.1"], "--lr -0.1"),
+    (T + ["--lr", "0"], "--lr 0.0"),
+    (T + ["--lr", "abc"], "--lr 'abc'"),
+    (T + ["--server-lr", "nan"], "--server-lr nan"),
+    (T + ["--tau", "2"], "--tau 2.0"),
+    (T + ["--batch-size", "0"], "--batch-size '0'"),
+    (T + ["--batch-size", "lots"], "--batch-size 'lots'"),
+    (T + ["--batch-size", "-3"], "--batch-size '-3'"),
+    (T + ["--execution", "turbo"], "execution='turbo'"),
+    (T + ["--source", "web"], "--source 'web'"),
+    (T + ["--reporting", "maybe"], "--reporting 'maybe'"),
+    (T + ["--validation", "median"], "--validation 'median'"),
+    (T + ["--client-optimizer", "rmsprop"], "--client-optimizer 'rmsprop'"),
+    (T + ["--select", "min:nothing"], "min:nothing"),
+    (["run", "--algorithm", ""], "--algorithm ''"),
+    (["run", "--algorithm", "fedavg,,fedprox"], "empty entries"),
+    (["run", "--algorithm", "fedavg,fedavg"], "listed twice"),
+    (["run", "--algorithm", "fedfoo"], "unknown algorithm 'fedfoo'"),
+    (["run", "--task", "imagenet"], "unknown task 'imagenet'"),
+    (P + ["--hp", "mu=abc"], "--hp mu='abc' (fedprox): must be a number"),
+    (P + ["--hp", "mu"], "--hp 'mu'"),
+    (P + ["--hp", "=3"], "--hp '=3'"),
+    (P + ["--hp", "fedsr.mu=0.1"], "'fedsr' is not an algorithm of this run"),
+    (P + ["--hp", "mu=NaN"], "--hp mu=nan (fedprox): must be a finite number"),
+    (P + ["--hp", "mu=-1"], "--hp mu=-1 (fedprox): must be >= 0"),
+    (P + ["--hp", "local_steps=2.5"], "must be an integer"),
+    (P + ["--hp", "client_lr=0"], "must be > 0"),
+    (P + ["--hp", "muu=1"], "unknown hyperparameters"),
+    (["run", "--task", "linear_regression", "--algorithm", "fedavg,fedprox", "--hp",
+      "mu=0.1"], "scope a value to one"),
+    (T + ["--hp", "fedavg.client_lr=true"], "must be a number"),
+    (["run", "--source", "raw", "--data-dir", "/nonexistent/dir"], "/nonexistent/dir"),
+    (T + ["--resume", "nowhere"], "--resume 'nowhere'"),
+    (["run", "--resume", "nowhere", "--rounds", "3"], "drop the other settings"),
+    (T + ["--out", "a_file.txt"], "is an existing file"),
+    (T + ["--out", "thesis"], "did not create"),
+    (T + ["--out", "thesis", "--overwrite"], "did not create"),
+    (T + ["--out", "old_run"], "--overwrite"),
+    (T + ["--config", "missing.yaml"], "no such file"),
+    (["run", "--config", "lr_abc.yaml"], "--lr 'abc'"),
+    (["run", "--config", "rounds0.yaml"], "--rounds 0"),
+    (["run", "--config", "rounds_true.yaml"], "--rounds True"),
+    (["run", "--config", "unknown.yaml"], "unknown keys ['learning_rate']"),
+    (["run", "--config", "hp_abc.yaml"], "--hp mu='abc'"),
+    (["run", "--unknown-flag"], "unrecognized arguments: --unknown-flag"),
+    (["run", "--rounds"], "expected one argument"),
+]
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  (tmp_path / "a_file.txt").write_text("keep me\n")
+  (tmp_path / "thesis").mkdir()
+  (tmp_path / "thesis" / "thesis.tex").write_text("\\chapter{keep me}\n")
+  (tmp_path / "old_run").mkdir()
+  (tmp_path / "old_run" / report.MARKER).write_text("x\n")
+  (tmp_path / "old_run" / "summary.json").write_text("{}\n")
+  cfgs = {"lr_abc.yaml": 'task: linear_regression\nlr: "abc"\n',
+          "rounds0.yaml": "task: linear_regression\nrounds: 0\n",
+          "rounds_true.yaml": "task: linear_regression\nrounds: true\n",
+          "unknown.yaml": "rounds: 1\nlearning_rate: 0.1\n",
+          "hp_abc.yaml": 'task: linear_regression\nalgorithm: fedprox\nhparams:\n  mu: "abc"\n'}
+  for name, text in cfgs.items():
+    (tmp_path / name).write_text(text)
+
+  def fail_compile(*a, **k):
+    raise AssertionError("bad input reached build_round (compile)")
+
+  from fedjax_inv.core import simulation
+  monkeypatch.setattr(simulation, "build_round", fail_compile)
+  return tmp_path
+
+
+def _snapshot(root):
+  out = {}
+  for dirpath, dirs, files in os.walk(root):
+    for f in files + dirs:
+      p = os.path.join(dirpath, f)
+      out[os.path.relpath(p, root)] = None if os.path.isdir(p) else open(p, "rb").read()
+  return out
+
+
+def test_corpus_is_large_enough():
+  assert len(CASES) >= 40
+
+
+@pytest.mark.parametrize("argv,msg", CASES, ids=[" ".join(c[0][1:])[:60] for c in CASES])
+def test_bad_input_exit_2_one_line_no_files(argv, msg, workdir, capsys):
+  before = _snapshot(workdir)
+  try:
+    rc = cli.main(argv)
+  except SystemExit as e:  # argparse's own errors (unknown flag, missing value)
+    rc = e.code
+  err = capsys.readouterr().err
+  assert rc == 2, err
+  lines = err.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith("fedjax-inv: error: "), err
+  assert "Traceback" not in err
+  assert msg in lines[0], lines[0]
+  assert _snapshot(workdir) == before  # nothing created, nothing changed or deleted

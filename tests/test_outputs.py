@@ -1,0 +1,117 @@
+"""Issue 11: outputs never destroy anything; streamed results; divergence in a multi-run
+experiment; provenance and `--config summary.json`; scoped --hp."""
+import json
+
+import pytest
+
+from fedjax_inv import cli, experiment, report
+
+
+def test_check_out_dir_refuses_files_and_foreign_folders(tmp_path):
+  f = tmp_path / "notes.txt"
+  f.write_text("x")
+  with pytest.raises(ValueError, match="existing file"):
+    report.check_out_dir(f)
+  mine = tmp_path / "thesis"
+  mine.mkdir()
+  (mine / "thesis.tex").write_text("keep")
+  for overwrite in (False, True):
+    with pytest.raises(ValueError, match="did not create"):
+      report.check_out_dir(mine, overwrite=overwrite)
+  with pytest.raises(ValueError, match="did not create"):
+    report.remove_run_dir(mine)
+  assert (mine / "thesis.tex").read_text() == "keep"
+  (tmp_path / "empty").mkdir()
+  report.check_out_dir(tmp_path / "empty")  # empty: fine
+  report.check_out_dir(tmp_path / "new")  # absent: fine, and not created
+  assert not (tmp_path / "new").exists()
+
+
+def test_atomic_dir_never_replaces_a_folder_it_did_not_create(tmp_path):
+  # Before issue 11 atomic_dir moved any existing folder aside and deleted it.
+  user = tmp_path / "out"
+  user.mkdir()
+  (user / "data.csv").write_text("precious")
+  with pytest.raises(ValueError, match="did not create"):
+    with report.atomic_dir(user, overwrite=True) as tmp:
+      (tmp / "a.txt").write_text("new")
+  assert (user / "data.csv").read_text() == "precious"
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no temp folder left
+  fresh = tmp_path / "fresh"
+  with report.atomic_dir(fresh) as tmp:
+    (tmp / "a.txt").write_text("1")
+  assert (fresh / report.MARKER).exists()
+  with pytest.raises(ValueError, match="--overwrite"):
+    with report.atomic_dir(fresh) as tmp:
+      pass
+  with report.atomic_dir(fresh, overwrite=True) as tmp:  # ours: may be replaced
+    (tmp / "a.txt").write_text("2")
+  assert (fresh / "a.txt").read_text() == "2"
+
+
+def test_default_run_folders_are_unique_within_a_second():
+  names = {experiment.default_out("t", ["fedavg"]) for _ in range(50)}
+  assert len(names) == 50
+
+
+def test_scoped_hyperparameters():
+  per = experiment.split_overrides({"client_lr": 0.1, "fedprox.mu": 0.5,
+                                    "fedprox.client_lr": 0.2}, ["fedavg", "fedprox"])
+  assert per == {"fedavg": {"client_lr": 0.1}, "fedprox": {"client_lr": 0.2, "mu": 0.5}}
+  with pytest.raises(ValueError, match="'fedsr' is not an algorithm of this run"):
+    experiment.split_overrides({"fedsr.mu": 1.0}, ["fedavg"])
+
+
+def test_run_help_shows_every_default(capsys):
+  with pytest.raises(SystemExit):
+    cli.main(["run", "--help"])
+  out = " ".join(capsys.readouterr().out.split())
+  for key, (_, help_) in cli.RUN_KEYS.items():
+    assert "default" in help_, key
+  for flag in ("--overwrite", "--resume", "--select", "--last-k", "--reporting",
+               "--validation"):
+    assert flag in out
+
+
+def test_diverged_run_is_recorded_and_the_others_go_on(tmp_path, capsys):
+  # --lr 1e6 on one algorithm used to throw away the whole experiment with a traceback.
+  out = tmp_path / "div"
+  rc = cli.main(["run", "--task", "linear_regression", "--algorithm", "fedavg,fedprox",
+                 "--hp", "fedprox.client_lr=1e6", "--hp", "fedprox.mu=0.3", "--rounds",
+                 "4", "--eval-every", "2", "--out", str(out), "--no-progress"])
+  err = capsys.readouterr().err
+  assert rc == 3 and "fedprox seed 0" in err and "Traceback" not in err
+  s = json.loads((out / "summary.json").read_text())
+  assert s["status"] == "diverged"
+  by = {r["algorithm"]: r for r in s["runs"]}
+  assert by["fedavg"]["status"] == "ok" and by["fedprox"]["status"] == "diverged"
+  assert by["fedprox"]["diverged_round"] >= 1 and by["fedprox"]["hparams"]["mu"] == 0.3
+  assert by["fedprox"]["hparams"]["client_lr"] == 1e6
+  assert by["fedavg"]["hparams"]["client_lr"] != 1e6  # the scoped value stayed scoped
+  assert [r["algorithm"] for r in s["table"]] == ["fedavg"]
+  assert "fedprox seed 0: diverged at round" in (out / "results.md").read_text()
+  rows = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
+  assert [(r["algorithm"], r["round"]) for r in rows if r["algorithm"] == "fedavg"] == [
+      ("fedavg", 2), ("fedavg", 4)]
+  per = json.loads((out / "fedprox" / "seed0" / "summary.json").read_text())
+  assert per["status"] == "diverged"
+  # provenance and the resolved config
+  prov = s["provenance"]
+  for k in ("fedjax_inv", "jax", "flax", "optax"):
+    assert prov["versions"][k]
+  assert prov["device"]["backend"] and "git_commit" in prov
+  assert s["config"]["rounds"] == 4 and s["config"]["hp"] == [
+      "fedprox.client_lr=1e6", "fedprox.mu=0.3"]
+
+
+def test_summary_json_is_a_config_that_reproduces_the_run(tmp_path):
+  a, b = tmp_path / "a", tmp_path / "b"
+  assert cli.main(["run", "--task", "linear_regression", "--rounds", "3", "--lr", "0.005",
+                   "--seed", "5", "--out", str(a), "--no-progress"]) == 0
+  assert cli.main(["run", "--config", str(a / "summary.json"), "--out", str(b),
+                   "--no-progress"]) == 0
+  sa = json.loads((a / "summary.json").read_text())
+  sb = json.loads((b / "summary.json").read_text())
+  assert sb["seed"] == 5 and sb["hparams"]["client_lr"] == 0.005
+  assert sa["final"] == sb["final"]  # bit-identical on the same machine
+  assert sa["config"] == sb["config"]
