@@ -1,0 +1,107 @@
+"""Issue 11: Ctrl-C or `kill -9` after some runs keeps every finished run and the history
+of the current one; `fedjax-inv run --resume DIR` runs only what is missing and gives the
+same results as an uninterrupted experiment."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from fedjax_inv import cli
+from fedjax_inv.core import simulation
+
+ARGS = ["run", "--task", "linear_regression", "--algorithm", "fedavg", "--seeds", "2",
+        "--rounds", "4", "--eval-every", "2", "--no-progress"]
+
+
+def _rows(out):
+  return [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+  out = tmp_path_factory.mktemp("ref") / "ref"
+  assert cli.main(ARGS + ["--out", str(out)]) == 0
+  return json.loads((out / "summary.json").read_text()), _rows(out)
+
+
+def _same_results(summary, rows, reference):
+  ref_summary, ref_rows = reference
+  assert summary["status"] == "ok"
+  assert [r["final"] for r in summary["runs"]] == [r["final"] for r in ref_summary["runs"]]
+  assert summary["table"] == ref_summary["table"]
+  key = lambda r: (r["seed"], r["round"])
+  assert sorted(rows, key=key) == sorted(ref_rows, key=key)  # no duplicated rounds
+
+
+def test_ctrl_c_writes_finished_runs_exits_130_and_resumes(tmp_path, monkeypatch, capsys,
+                                                           reference):
+  out = tmp_path / "exp"
+  real_run = simulation.run
+  calls = []
+
+  def interrupted_run(*a, callback=None, **k):
+    calls.append(k["seed"])
+
+    def cb(entry):
+      callback(entry)
+      if k["seed"] == 1:  # Ctrl-C in the 2nd run, after its first evaluation
+        raise KeyboardInterrupt
+    return real_run(*a, callback=cb, **k)
+
+  monkeypatch.setattr(simulation, "run", interrupted_run)
+  assert cli.main(ARGS + ["--out", str(out)]) == 130
+  err = capsys.readouterr().err
+  assert "interrupted" in err and "Traceback" not in err and "--resume" in err
+  s = json.loads((out / "summary.json").read_text())
+  assert s["status"] == "interrupted"
+  assert s["not_finished"] == [{"algorithm": "fedavg", "seed": 1}]
+  assert (out / "fedavg" / "seed0" / "summary.json").exists()
+  assert not (out / "fedavg" / "seed1" / "summary.json").exists()
+  # the finished run's history and the current run's first evaluation are on disk
+  assert [(r["seed"], r["round"]) for r in _rows(out)] == [(0, 2), (0, 4), (1, 2)]
+
+  calls.clear()
+  monkeypatch.setattr(simulation, "run", lambda *a, **k: calls.append(k["seed"])
+                      or real_run(*a, **k))
+  assert cli.main(["run", "--resume", str(out), "--no-progress"]) == 0
+  assert calls == [1]  # only the unfinished run ran again
+  _same_results(json.loads((out / "summary.json").read_text()), _rows(out), reference)
+
+
+def test_kill_9_keeps_finished_runs_and_resume_completes(tmp_path, reference):
+  out = tmp_path / "killed"
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  proc = subprocess.Popen([sys.executable, "-m", "fedjax_inv.cli"] + ARGS +
+                          ["--out", str(out)], stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL, env=env)
+  first = out / "fedavg" / "seed0" / "summary.json"
+  try:
+    deadline = time.time() + 240
+    while not first.exists() and proc.poll() is None and time.time() < deadline:
+      time.sleep(0.02)
+    assert first.exists(), "the first run never finished"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(30)
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+  assert proc.returncode == -signal.SIGKILL
+  assert not (out / "fedavg" / "seed1" / "summary.json").exists()
+  assert [r["round"] for r in _rows(out) if r["seed"] == 0] == [2, 4]
+  assert cli.main(["run", "--resume", str(out), "--no-progress"]) == 0
+  _same_results(json.loads((out / "summary.json").read_text()), _rows(out), reference)
+
+
+def test_resume_refuses_a_different_config(tmp_path):
+  out = tmp_path / "exp"
+  out.mkdir()
+  (out / "config.json").write_text(json.dumps({"task": "linear_regression"}))
+  cfg = dict(task="linear_regression", algorithm="fedavg", rounds=3, resume=str(out))
+  from fedjax_inv.experiment import run_experiment
+  with pytest.raises(ValueError, match="different config"):
+    run_experiment(cfg, progress=False)
+  assert sorted(p.name for p in out.iterdir()) == ["config.json"]
