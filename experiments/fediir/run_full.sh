@@ -7,7 +7,7 @@
 # (64,128,128,128) as the featurizer.
 #
 # Usage: experiments/fediir/run_full.sh OUT_DIR [ROW ...]       (ROW: c5 c50 gamma)
-# Env:   SIZE=tiny (2 rounds, 60 images per domain, holdouts 0 and 75, 1 seed: an
+# Env:   SIZE=tiny (2 rounds, 60 images per domain, holdout 0, 1 seed: an
 #        end-to-end check), SEEDS=0,1,2, HOLDOUTS=0,15,30,45,60,75, ROUNDS=100,
 #        CHANNELS=64,128,128,128, DATA_DIR=<raw MNIST dir>, PYTHON=<interpreter>.
 # Writes OUT_DIR/<row>.json, OUT_DIR/<row>.log and OUT_DIR/table.md.
@@ -20,7 +20,7 @@ cd "$(dirname "$0")/../.."
 if [ -n "${PYTHON:-}" ]; then PY=$PYTHON; elif [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python; fi
 mkdir -p "$OUT"
 if [ "${SIZE:-full}" = tiny ]; then
-  ARGS=(--rounds 2 --eval-every 1 --n-per-domain 60 --holdouts 0,75 --seeds 0
+  ARGS=(--rounds 2 --eval-every 1 --n-per-domain 60 --holdouts 0 --seeds 0
         --num-clients 10 --sampled 5 --channels 8,16)
 else
   ARGS=(--rounds "${ROUNDS:-100}" --eval-every 5 --seeds "${SEEDS:-0,1,2}"
