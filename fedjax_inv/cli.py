@@ -51,8 +51,11 @@ RUN_KEYS = {  # config key -> (type, help); every help states the default
                  "<id>); an existing non-empty one is refused unless --overwrite"),
     "overwrite": (bool, "replace an earlier fedjax-inv run in --out (never a folder "
                         "fedjax-inv did not write); default off"),
-    "resume": (str, "folder of an interrupted run: keep its finished runs, run the rest "
-                    "(same config); default off"),
+    "resume": (str, "folder of an interrupted run: keep its finished runs, continue the "
+                    "current one from its checkpoint, run the rest (same config); "
+                    "default off"),
+    "checkpoint_every": (int, "save the current run's state every N rounds (>= 1) so that "
+                              "--resume continues it bit-identically; default off"),
     "data_dir": (str, "directory with raw dataset files (or $FEDJAX_INV_DATA_DIR); "
                       "default: none"),
     "source": (str, "data source: auto | raw | tfds | bundled; default auto"),
@@ -73,7 +76,7 @@ RUN_KEYS = {  # config key -> (type, help); every help states the default
 _CHECKS = {
     "rounds": ("int", 1), "clients_per_round": ("int", 1), "local_steps": ("int", 1),
     "seed": ("int", 0), "seeds": ("int", 1), "chunk_size": ("int", 1),
-    "eval_every": ("int", 1), "last_k": ("int", 0),
+    "eval_every": ("int", 1), "last_k": ("int", 0), "checkpoint_every": ("int", 1),
     "lr": ("pos", None), "server_lr": ("pos", None), "tau": ("unit", None),
     "execution": ("choice", ("auto", "vmap", "scan", "chunked")),
     "source": ("choice", ("auto", "raw", "tfds", "bundled")),

@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime
 import os
 import pathlib
+import shutil
 import sys
 import time
 
@@ -223,8 +224,10 @@ def run_experiment(cfg: dict, progress: bool = True, overrides=None,
 
   ``cfg`` keys: see ``fedjax_inv.cli.RUN_KEYS`` (checked by
   ``fedjax_inv.cli.check_run_config``); also ``reporting`` ('auto' | 'none'), ``select``
-  and ``last_k`` (:func:`run_reporting`), ``overwrite`` and ``resume`` (a folder of an
-  earlier, interrupted run of the same config: finished runs are kept, the others run).
+  and ``last_k`` (:func:`run_reporting`), ``overwrite``, ``checkpoint_every`` (save the
+  current run's state every N rounds in ``<algorithm>/seed<s>/checkpoint/``) and
+  ``resume`` (a folder of an earlier, interrupted run of the same config: finished runs
+  are kept, the current one continues from its checkpoint, the others run).
   ``overrides``: algorithm hyperparameters set by the user (they win over the task's
   defaults; ``ALGORITHM.NAME`` keys apply to one algorithm, :func:`split_overrides`).
 
@@ -341,12 +344,16 @@ def run_experiment(cfg: dict, progress: bool = True, overrides=None,
 
         base = {"task": task.name, "algorithm": a, "seed": s, "rounds": rounds,
                 "num_clients": task.train.num_clients, "clients_per_round": cohort}
+        ckpt = _run_dir(out, a, s) / "checkpoint"
         try:
           res = run(task, built[a], rounds=rounds, clients_per_round=cohort, seed=s,
                     execution=cfg.get("execution") or "auto",
                     chunk_size=cfg.get("chunk_size"), eval_every=eval_every,
-                    progress=progress, reporting=rep, callback=stream_row)
+                    progress=progress, reporting=rep, callback=stream_row,
+                    checkpoint_dir=ckpt if cfg.get("checkpoint_every") else None,
+                    checkpoint_every=cfg.get("checkpoint_every"))
         except DivergedError as e:
+          shutil.rmtree(ckpt, ignore_errors=True)  # ours; the run is over
           summary = {**base, "status": "diverged", "diverged_round": e.round,
                      "error": str(e), "hparams": built[a].hparams, "data": task.info,
                      "history": e.history}
@@ -357,6 +364,7 @@ def run_experiment(cfg: dict, progress: bool = True, overrides=None,
           print(f"  {a:18s} seed {s}: DIVERGED at round {e.round} (train objective not "
                 "finite); recorded, going on", file=stream)
           continue
+        shutil.rmtree(ckpt, ignore_errors=True)  # ours; the run is over
         summary = {**base, "status": "ok", "final": res.final, **res.report(),
                    "hparams": built[a].hparams, "execution": res.strategy,
                    "seconds": round(res.seconds, 2), "data": task.info,

@@ -25,6 +25,7 @@ CASES = [  # (argv, text the one-line message must contain)
     (T + ["--local-steps", "0"], "--local-steps 0"),
     (T + ["--seed", "-1"], "--seed -1"),
     (T + ["--last-k", "-1"], "--last-k -1"),
+    (T + ["--checkpoint-every", "0"], "--checkpoint-every 0"),
     (T + ["--lr", "nan"], "--lr nan"),
     (T + ["--lr", "inf"], "--lr inf"),
     (T + ["--lr", "-0.1"], "--lr -0.1"),

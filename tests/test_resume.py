@@ -105,3 +105,71 @@ def test_resume_refuses_a_different_config(tmp_path):
   with pytest.raises(ValueError, match="different config"):
     run_experiment(cfg, progress=False)
   assert sorted(p.name for p in out.iterdir()) == ["config.json"]
+
+
+def test_checkpoint_resume_is_bit_identical(tiny_binary, tmp_path):
+  import numpy as np
+  import jax
+  from fedjax_inv.algorithms import make_algorithm
+  from fedjax_inv.tasks import Task
+  data, model = tiny_binary
+  task = Task("tiny", "binary", data, {"ood": data.take(np.array([0]))}, model, {})
+  alg = make_algorithm("fedavg", client_lr=0.1, local_steps=2, batch_size=8)
+  kw = dict(rounds=6, clients_per_round=3, eval_every=1, seed=3, progress=False,
+            reporting={"select": ["min:ood_loss"]})
+  ref = simulation.run(task, alg, **kw)
+  ckpt = tmp_path / "ckpt"
+
+  def stop_at_5(entry):
+    if entry["round"] == 5:
+      raise KeyboardInterrupt
+  with pytest.raises(KeyboardInterrupt):
+    simulation.run(task, alg, checkpoint_dir=ckpt, checkpoint_every=2, callback=stop_at_5,
+                   **kw)
+  seen = []
+  res = simulation.run(task, alg, checkpoint_dir=ckpt, checkpoint_every=2,
+                       callback=seen.append, **kw)
+  assert res.history == ref.history  # exact floats, every round
+  assert seen == ref.history  # the restored rounds 1-4 are replayed to the callback
+  for a, b in zip(jax.tree.leaves(res.params), jax.tree.leaves(ref.params)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  assert res.selected == ref.selected
+  for a, b in zip(jax.tree.leaves(res.selected_params), jax.tree.leaves(ref.selected_params)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  # restored from round 4: a fresh start with a bad checkpoint would be refused
+  other = make_algorithm("fedavg", client_lr=0.1, local_steps=2, batch_size=8)
+  bad_model_task = Task("tiny", "binary", data, {}, __import__("fedjax_inv").models.mlp(
+      6, (4,), 1), {})
+  with pytest.raises(ValueError, match="does not match this run"):
+    simulation.run(bad_model_task, other, checkpoint_dir=ckpt, checkpoint_every=2,
+                   rounds=6, progress=False, reporting=None)
+
+
+def test_cli_resume_continues_the_current_run_from_its_checkpoint(tmp_path, monkeypatch,
+                                                                   capsys, reference):
+  out = tmp_path / "exp"
+  real_run = simulation.run
+
+  def interrupted_run(*a, callback=None, **k):
+    def cb(entry):
+      callback(entry)
+      if k["seed"] == 1 and entry["round"] == 2:
+        raise KeyboardInterrupt
+    return real_run(*a, callback=cb, **k)
+
+  monkeypatch.setattr(simulation, "run", interrupted_run)
+  assert cli.main(ARGS + ["--checkpoint-every", "1", "--out", str(out)]) == 130
+  assert (out / "fedavg" / "seed1" / "checkpoint" / simulation.CHECKPOINT_FILE).exists()
+  starts = []
+
+  def counting_run(*a, **k):
+    f = k["checkpoint_dir"] / simulation.CHECKPOINT_FILE
+    starts.append((k["seed"], f.exists()))
+    return real_run(*a, **k)
+  monkeypatch.setattr(simulation, "run", counting_run)
+  assert cli.main(["run", "--resume", str(out), "--no-progress"]) == 0
+  assert starts == [(1, True)]  # only seed 1 ran, and from its checkpoint
+  assert not (out / "fedavg" / "seed1" / "checkpoint").exists()  # removed when done
+  s = json.loads((out / "summary.json").read_text())
+  assert s["config"]["checkpoint_every"] == 1
+  _same_results(s, _rows(out), reference)

@@ -4,6 +4,8 @@ run's reporting (model selection, last-k averages, ranking / fairness metrics;
 from __future__ import annotations
 
 import dataclasses
+import json
+import pathlib
 import time
 from typing import Any, Callable
 
@@ -103,6 +105,58 @@ def _first_bad_round(bad, loss, r):
 CHECK_EVERY = 10
 
 
+CHECKPOINT_FILE = "checkpoint.npz"
+
+
+def save_checkpoint(path, state, meta: dict) -> None:
+  """Writes ``state`` (any pytree of arrays: server state, per-client states, selected
+  models) and ``meta`` (JSON: round, history, ...) to ``path/checkpoint.npz`` atomically
+  (temp file + rename: a kill leaves the previous checkpoint intact). Leaves are stored
+  bit-exactly in tree-flatten order."""
+  import json
+  import os
+  import tempfile
+  path = pathlib.Path(path)
+  path.mkdir(parents=True, exist_ok=True)
+  leaves = [np.asarray(x) for x in jax.tree.leaves(state)]
+  fd, tmp = tempfile.mkstemp(prefix=".ckpt-", suffix=".npz", dir=path)
+  try:
+    with os.fdopen(fd, "wb") as f:
+      np.savez(f, *leaves, meta=np.array(json.dumps(
+          meta, default=lambda o: o.item() if hasattr(o, "item") else str(o))))
+    os.replace(tmp, path / CHECKPOINT_FILE)
+  except BaseException:
+    if os.path.exists(tmp):
+      os.unlink(tmp)
+    raise
+
+
+def load_checkpoint(path, target):
+  """Reads a :func:`save_checkpoint` file into the structure of ``target``.
+
+  Returns:
+    ``(state, meta)``, or None when ``path`` holds no checkpoint.
+
+  Raises:
+    ValueError: the checkpoint's arrays do not match ``target`` (another model/config).
+  """
+  import json
+  f = pathlib.Path(path) / CHECKPOINT_FILE
+  if not f.is_file():
+    return None
+  with np.load(f) as z:
+    meta = json.loads(str(z["meta"]))
+    n = len(z.files) - 1
+    leaves = [z[f"arr_{i}"] for i in range(n)]
+  ref, treedef = jax.tree.flatten(target)
+  if len(ref) != len(leaves) or any(
+      np.shape(a) != np.shape(b) or np.asarray(a).dtype != b.dtype
+      for a, b in zip(ref, leaves)):
+    raise ValueError(f"checkpoint {f} does not match this run (different model or "
+                     "settings); remove it or use another --out.")
+  return jax.tree.unflatten(treedef, [jnp.asarray(x) for x in leaves]), meta
+
+
 def _copy_params(params):
   # An independent copy: the selected model must not change with later rounds, even if
   # the engine ever donates or updates the server state in place.
@@ -132,7 +186,8 @@ def run(task, algorithm, *, rounds: int, clients_per_round: int | None = None,
         seed: int = 0, execution: str = "auto", chunk_size: int | None = None,
         eval_every: int | None = None, progress: bool = True, shard: bool = True,
         callback: Callable[[dict], None] | None = None,
-        reporting="auto") -> RunResult:
+        reporting="auto", checkpoint_dir=None,
+        checkpoint_every: int | None = None) -> RunResult:
   """Trains ``algorithm`` on ``task`` for ``rounds`` rounds.
 
   Args:
@@ -156,6 +211,13 @@ def run(task, algorithm, *, rounds: int, clients_per_round: int | None = None,
       ``Reporting`` fields (e.g. ``{'select': ['min:ood_loss'], 'last_k': 20}``) or a
       ``Reporting``. Results: ``RunResult.selected`` / ``selected_params`` /
       ``last_k_mean`` and extra history keys.
+    checkpoint_dir: with ``checkpoint_every``, the state (server, per-client states,
+      selected models, round, history, divergence flag) is saved there every
+      ``checkpoint_every`` rounds (:func:`save_checkpoint`); if a checkpoint is already
+      there the run continues from it (``callback`` is replayed on the restored history)
+      and ends bit-identical to an uninterrupted run (the per-round randomness derives
+      from the seed and the server's round counter).
+    checkpoint_every: rounds between checkpoints (>= 1); None = never save.
 
   Raises:
     ValueError: ``rounds < 1``, bad cohort, bad strategy, bad ``eval_every`` or
@@ -175,6 +237,10 @@ def run(task, algorithm, *, rounds: int, clients_per_round: int | None = None,
   eval_every = eval_every or max(1, rounds // 20)
   if int(eval_every) != eval_every or eval_every < 1:
     raise ValueError(f"eval_every={eval_every}; it must be an integer >= 1.")
+  if checkpoint_every is not None and (isinstance(checkpoint_every, bool) or
+                                       int(checkpoint_every) != checkpoint_every or
+                                       checkpoint_every < 1):
+    raise ValueError(f"checkpoint_every={checkpoint_every}; it must be an integer >= 1.")
   rep = reporting_lib.resolve(reporting, task)
   reporting_lib.check(rep, task)
   schedule = set(reporting_lib.eval_rounds(rounds, int(eval_every), rep.last_k))
@@ -198,8 +264,26 @@ def run(task, algorithm, *, rounds: int, clients_per_round: int | None = None,
                leave=False, disable=None)
   t0 = time.perf_counter()
   bad = jnp.zeros((), jnp.int32)
+  start = 1
+  if checkpoint_dir is not None:
+    meta0 = None
+    f = pathlib.Path(checkpoint_dir) / CHECKPOINT_FILE
+    if f.is_file():
+      with np.load(f) as z:
+        meta0 = json.loads(str(z["meta"]))
+    if meta0 is not None:
+      target = (server, cstates, {rule: server.params for rule in meta0["selected"]})
+      (server, cstates, selected_params), meta0 = load_checkpoint(checkpoint_dir, target)
+      history = meta0["history"]
+      bad = jnp.asarray(meta0["bad"], jnp.int32)
+      start = meta0["round"] + 1
+      if callback is not None:
+        for entry in history:
+          callback(entry)
+      if bar is not None:
+        bar.update(start - 1)
   try:
-    for r in range(1, rounds + 1):
+    for r in range(start, rounds + 1):
       server, cstates, metrics = round_fn(server, cstates, task.train, key)
       bad = _first_bad_round(bad, metrics["train_loss"], r)
       if r in schedule or r % CHECK_EVERY == 0:
@@ -216,12 +300,17 @@ def run(task, algorithm, *, rounds: int, clients_per_round: int | None = None,
             if reporting_lib.select_index(history, rule, rep.select_from)[0] == \
                 len(history) - 1:
               selected_params[rule] = _copy_params(server.params)
-        if callback is not None:
-          callback(entry)
-        if bar is not None:
-          post = {k.replace("_accuracy", "_acc"): f"{v:.3f}" for k, v in entry.items()
-                  if k.endswith("_accuracy") and "client" not in k}
-          bar.set_postfix(post)
+      if checkpoint_every and checkpoint_dir is not None and r % checkpoint_every == 0 \
+          and r < rounds:
+        save_checkpoint(checkpoint_dir, (server, cstates, selected_params),
+                        {"round": r, "history": history, "bad": int(bad),
+                         "selected": list(selected_params)})
+      if r in schedule and callback is not None:  # after the checkpoint of round r
+        callback(history[-1])
+      if r in schedule and bar is not None:
+        post = {k.replace("_accuracy", "_acc"): f"{v:.3f}" for k, v in entry.items()
+                if k.endswith("_accuracy") and "client" not in k}
+        bar.set_postfix(post)
       if bar is not None:
         bar.update(1)
   finally:
