@@ -276,9 +276,11 @@ def run_experiment(cfg: dict, progress: bool = True, overrides=None,
   task = make_task(cfg["task"], data_dir=cfg.get("data_dir"),
                    source=cfg.get("source") or "auto",
                    download=bool(cfg.get("download")), seed=seed0)
-  rounds = int(cfg.get("rounds") or task.defaults.get("rounds", 100))
-  eval_every = cfg.get("eval_every") or task.defaults.get("eval_every")
-  cohort = cfg.get("clients_per_round") or task.train.num_clients
+  def given(key, default):  # None = not given; 0 was refused by check_run_config
+    return default if cfg.get(key) is None else cfg[key]
+  rounds = int(given("rounds", task.defaults.get("rounds", 100)))
+  eval_every = given("eval_every", task.defaults.get("eval_every"))
+  cohort = int(given("clients_per_round", task.train.num_clients))
   if not 1 <= cohort <= task.train.num_clients:
     raise ValueError(f"--clients-per-round {cohort}: the task has "
                      f"{task.train.num_clients} training clients.")

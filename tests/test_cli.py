@@ -137,3 +137,14 @@ def test_run_help_states_the_defaults(capsys):
   out = " ".join(capsys.readouterr().out.split())
   assert "default fedavg (a bare `fedjax-inv run` compares" in out
   assert "default 1 (3 for the bare comparison)" in out
+
+
+def test_reporting_flags_reach_the_config_keys():
+  # engineer R: --select / --last-k / --reporting / --validation map to the config keys
+  # that experiment.py reads, typed (last_k an int).
+  cfg = _resolved(["--task", "linear_regression", "--select", "min:ood_loss",
+                   "--last-k", "5", "--reporting", "none", "--validation", "pooled"])
+  assert (cfg["select"], cfg["last_k"], cfg["reporting"], cfg["validation"]) == (
+      "min:ood_loss", 5, "none", "pooled")
+  assert _resolved(["--rounds", "7", "--lr", "0.25"])["rounds"] == 7
+  assert _resolved(["--lr", "0.25"])["lr"] == 0.25

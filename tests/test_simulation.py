@@ -101,3 +101,17 @@ def test_nan_learning_rate_stops_early(tiny_binary):
   # round 1's objective is the loss of the initial model (1 local step, taken after it);
   # the NaN step makes round 2's objective NaN: stopped there, not after 3000 rounds.
   assert e.value.round == 2
+
+
+@pytest.mark.parametrize("kw,msg", [
+    (dict(clients_per_round=0), "clients_per_round=0"),
+    (dict(eval_every=0), "eval_every=0"),
+    (dict(chunk_size=0, execution="chunked"), "chunk_size=0"),
+    (dict(checkpoint_every=0, checkpoint_dir="x"), "checkpoint_every=0"),
+    (dict(eval_every=1.5), "eval_every=1.5"),
+])
+def test_zero_is_refused_not_replaced_by_the_default(tiny_binary, kw, msg):
+  # issue 11: 0 silently became "all clients" / "rounds // 20" / the auto chunk size.
+  alg = make_algorithm("fedavg")
+  with pytest.raises(ValueError, match=msg.replace(".", r"\.")):
+    simulation.run(_task(tiny_binary), alg, rounds=2, progress=False, **kw)

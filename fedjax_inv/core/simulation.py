@@ -220,7 +220,9 @@ def run(task, algorithm, *, rounds: int, clients_per_round: int | None = None,
     checkpoint_every: rounds between checkpoints (>= 1); None = never save.
 
   Raises:
-    ValueError: ``rounds < 1``, bad cohort, bad strategy, bad ``eval_every`` or
+    ValueError: ``rounds < 1``, bad cohort, bad strategy, ``clients_per_round`` /
+      ``eval_every`` / ``chunk_size`` / ``checkpoint_every`` < 1 (0 is refused, not
+      replaced by the default), bad ``eval_every`` or
       ``reporting`` (e.g. a selection rule on a metric the run does not record) — all
       before compiling.
     DivergedError: (a ``FloatingPointError``) the train objective became NaN/inf; the
@@ -233,10 +235,15 @@ def run(task, algorithm, *, rounds: int, clients_per_round: int | None = None,
   rounds = int(rounds)
   warn_short_schedule(algorithm, rounds)
   num_clients = task.train.num_clients
-  cohort = clients_per_round or num_clients
-  eval_every = eval_every or max(1, rounds // 20)
-  if int(eval_every) != eval_every or eval_every < 1:
-    raise ValueError(f"eval_every={eval_every}; it must be an integer >= 1.")
+  # None means "the default"; 0 or a negative number is refused, never replaced (issue 11)
+  for name, v in (("clients_per_round", clients_per_round), ("eval_every", eval_every),
+                  ("chunk_size", chunk_size)):
+    if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer))
+                          or v < 1):
+      raise ValueError(f"{name}={v!r}; it must be an integer >= 1 (or None for the "
+                       "default).")
+  cohort = num_clients if clients_per_round is None else int(clients_per_round)
+  eval_every = max(1, rounds // 20) if eval_every is None else int(eval_every)
   if checkpoint_every is not None and (isinstance(checkpoint_every, bool) or
                                        int(checkpoint_every) != checkpoint_every or
                                        checkpoint_every < 1):
