@@ -455,6 +455,10 @@ def run_holdout_experiment(cfg: dict, progress: bool = True, overrides=None,
   cfg = cli.check_run_config(cfg)
   if cfg.get("resume"):
     raise ValueError("--resume is not supported with --holdout; rerun with a new --out.")
+  scoped = [k for k in (overrides or {}) if "." in k]
+  if scoped:
+    raise ValueError(f"--hp {scoped[0]}=...: ALGORITHM.NAME scoping is not supported with "
+                     "--holdout; run one algorithm per --holdout run, with plain NAME=VALUE.")
   overwrite = bool(cfg.get("overwrite"))
   if cfg.get("out"):
     report.check_out_dir(cfg["out"], overwrite)

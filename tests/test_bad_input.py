@@ -26,6 +26,8 @@ CASES = [  # (argv, text the one-line message must contain)
     (T + ["--seed", "-1"], "--seed -1"),
     (T + ["--last-k", "-1"], "--last-k -1"),
     (T + ["--checkpoint-every", "0"], "--checkpoint-every 0"),
+    (["run", "--task", "rotated_mnist", "--holdout", "all", "--algorithm", "fedavg,fedprox",
+      "--hp", "fedprox.mu=0.1"], "not supported with --holdout"),
     (T + ["--lr", "nan"], "--lr nan"),
     (T + ["--lr", "inf"], "--lr inf"),
     (T + ["--lr", "-0.1"], "--lr -0.1"),
