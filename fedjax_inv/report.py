@@ -62,12 +62,13 @@ def remove_run_dir(path) -> None:
 
 
 @contextlib.contextmanager
-def atomic_dir(path: str | os.PathLike, overwrite: bool = False):
+def atomic_dir(path: str | os.PathLike, overwrite: bool = True):
   """Yields a temp directory next to ``path``; on success it is moved to ``path``.
 
-  ``path`` must not exist, be an empty directory, or (``overwrite=True``) a directory
-  fedjax-inv wrote (:func:`check_out_dir`); a directory it did not create is never
-  replaced or deleted. On an exception the temp directory (ours) is removed and ``path``
+  ``path`` must not exist, be an empty directory, or a directory fedjax-inv wrote (it
+  holds ``MARKER``; replaced only with ``overwrite=True``, the default here — the CLI
+  asks the user for ``--overwrite`` before it gets this far). A directory fedjax-inv did
+  not create is never replaced or deleted (:func:`check_out_dir`). On an exception the temp directory (ours) is removed and ``path``
   is untouched.
 
   Raises:

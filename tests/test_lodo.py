@@ -180,8 +180,9 @@ def test_outputs_markdown_csv_json(result, tmp_path):
   out = tmp_path / "lodo"
   (out).mkdir()
   (out / "stale.txt").write_text("old run")
+  (out / ".fedjax-inv-run").write_text("")  # an earlier fedjax-inv output (issue 11)
   lodo.write_lodo_outputs(out, result)
-  assert sorted(p.name for p in out.iterdir()) == [
+  assert sorted(p.name for p in out.iterdir() if p.name[0] != ".") == [
       "metrics.jsonl", "results.csv", "results.md", "summary.json"]
   summary = json.loads((out / "summary.json").read_text())
   assert summary["seeds"] == [0, 1] and summary["selections"] == list(lodo.SELECTIONS)

@@ -42,7 +42,7 @@ def test_atomic_dir_never_replaces_a_folder_it_did_not_create(tmp_path):
     (tmp / "a.txt").write_text("1")
   assert (fresh / report.MARKER).exists()
   with pytest.raises(ValueError, match="--overwrite"):
-    with report.atomic_dir(fresh) as tmp:
+    with report.atomic_dir(fresh, overwrite=False) as tmp:
       pass
   with report.atomic_dir(fresh, overwrite=True) as tmp:  # ours: may be replaced
     (tmp / "a.txt").write_text("2")
