@@ -1,10 +1,19 @@
 """One experiment = task × algorithms × seeds, written to ``runs/<name>/``.
 
-Layout of the output directory:
-  summary.json      single run: {task, algorithm, seed, rounds, num_clients, final,
-                    selected, last_k_mean, reporting, ...}; several: the same keys per run
-                    under ``runs`` plus ``table``
-  metrics.jsonl     one line per evaluated round (with ``algorithm`` and ``seed``)
+Layout of the output directory (issue 11: nothing is lost when a run dies):
+  .fedjax-inv-run   marker: this folder was written by fedjax-inv (only such a folder is
+                    ever replaced, and only with --overwrite)
+  config.json       the resolved config (written first; ``--resume`` reads it)
+  summary.json      single run: {task, algorithm, seed, rounds, num_clients, status,
+                    final, selected, last_k_mean, reporting, ...}; several: the same keys
+                    per run under ``runs`` plus ``table``; both with ``status`` ('ok' |
+                    'diverged' | 'interrupted'), ``provenance`` (versions, git commit,
+                    device, command) and ``config`` (``--config summary.json`` reruns it)
+  <algorithm>/seed<s>/summary.json   written as soon as that run ends (``status``,
+                    ``diverged_round`` for a diverged run)
+  <algorithm>/seed<s>/checkpoint/    the current run's state (``--checkpoint-every``)
+  metrics.jsonl     one line per evaluated round (with ``algorithm`` and ``seed``),
+                    appended as each evaluation completes
   results.md/.csv   mean ± std over seeds per algorithm: last round, and (when the run's
                     reporting asks) at each selected round (``<metric>@<rule>``) and the
                     last-k mean (``<metric>@last<k>``)
@@ -270,6 +279,11 @@ def run_experiment(cfg: dict, progress: bool = True, overrides=None,
   else:
     out = None
   resolve_strategy(cfg.get("execution") or "auto", 1)
+  # cfg's own lr / hp / ... keys count (API calls with a config dict), then ``overrides``
+  derived = cli.algorithm_overrides(cfg)
+  extra_hp = [f"{k}={__import__('json').dumps(v)}" for k, v in (overrides or {}).items()
+              if k not in derived or derived[k] != v]
+  overrides = {**derived, **(overrides or {})}
   per_algo = split_overrides(overrides, algos)
   for a in algos:
     check_hparams(a, {k: v for k, v in per_algo[a].items()})
@@ -304,6 +318,8 @@ def run_experiment(cfg: dict, progress: bool = True, overrides=None,
                   rounds=rounds, clients_per_round=int(cohort))
   if eval_every:
     resolved["eval_every"] = int(eval_every)
+  if extra_hp:  # API overrides: recorded so that the config reproduces the run
+    resolved["hp"] = list(resolved.get("hp") or []) + extra_hp
   # -- everything checked: create the output folder (never someone else's) --
   import json
   if out is not None and not resume:

@@ -115,3 +115,16 @@ def test_summary_json_is_a_config_that_reproduces_the_run(tmp_path):
   assert sb["seed"] == 5 and sb["hparams"]["client_lr"] == 0.005
   assert sa["final"] == sb["final"]  # bit-identical on the same machine
   assert sa["config"] == sb["config"]
+
+
+def test_api_config_hp_and_overrides_are_used_and_recorded(tmp_path):
+  # cfg['hp'] / cfg['lr'] were ignored by run_experiment unless passed as overrides.
+  import io
+  out = tmp_path / "api"
+  s = experiment.run_experiment(
+      dict(task="linear_regression", algorithm="fedavg", rounds=2, lr=0.004,
+           hp=["local_steps=2"], out=str(out)), progress=False, overrides={"weight_decay": 0.001},
+      stream=io.StringIO())
+  assert s["hparams"]["client_lr"] == 0.004 and s["hparams"]["local_steps"] == 2
+  assert s["hparams"]["weight_decay"] == 0.001
+  assert s["config"]["hp"] == ["local_steps=2", "weight_decay=0.001"]
