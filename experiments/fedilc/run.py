@@ -54,6 +54,7 @@ PAPER = {  # FedILC Table 2 (OOD loss), Table 6 (OOD acc), Table 4 (AUROC, AUPRC
     "fishr_intra_arith": (0.555, 0.004, 0.783, 0.005, 0.782, 0.839),
     "fishr_intra_geo": (0.552, 0.005, 0.779, 0.002, 0.778, 0.836),
 }
+MATCHED = (80, 150, 300)  # rounds for the fixed-round comparison
 FIRST_REPORTABLE = 6  # official code: best round only when round_idx > 5 (0-based)
 
 
@@ -209,6 +210,19 @@ def cmd_table(a):
         f"{_ms(np.asarray(g('acc_entropy')) * 10)} | "
         f"{', '.join(str(r['best_round']) for r in rs)} | "
         f"{_ms([max(h['ood_accuracy'] for h in r['history'][FIRST_REPORTABLE:]) for r in rs])} |")
+  lines += ["", "OOD loss / OOD accuracy at fixed rounds (0-based; mean over seeds):", "",
+            "| tag | " + " | ".join(f"round {r}" for r in MATCHED) + " |",
+            "|---|" + "---|" * len(MATCHED)]
+  for f in sorted(RESULTS.glob("*.json")):
+    d = json.loads(f.read_text())
+    if a.tags and d["tag"] not in a.tags:
+      continue
+    cells = []
+    for r in MATCHED:
+      hs = [x["history"][r] for x in d["runs"] if len(x["history"]) > r]
+      cells.append(f"{np.mean([h['ood_loss'] for h in hs]):.3f} / "
+                   f"{np.mean([h['ood_accuracy'] for h in hs]):.3f}" if hs else "–")
+    lines.append(f"| {d['tag']} | " + " | ".join(cells) + " |")
   text = "\n".join(lines) + "\n"
   out = RESULTS / (a.out or "table.md")
   out.write_text(text)

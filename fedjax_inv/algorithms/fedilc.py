@@ -784,10 +784,9 @@ def fishr_intra_geo(*, fishr_lambda: float = 15.0, fishr_reduction: str = "sum",
   run — ``DataLoader(batch_size=32, shuffle=True)``, ``sign > 0`` as E+). Options: the
   literal Alg. 2 (each example an environment: ``intra_group_size=None``; on ReLU nets
   with ``zeros='both'`` this gives exactly zero hidden-weight gradients, because every
-  coordinate has some example with an exact-zero gradient, so it does not train; with
-  ``zeros='negative'`` it trains, but the geometric mean over hundreds of per-example
-  gradients is tiny); or ``m`` contiguous groups (``intra_group_size=None,
-  intra_groups=m``). See ``intra_geo_component``. The server averages them arithmetically (weighted by client
+  coordinate has some example with an exact-zero gradient, so it does not train: 0.51 /
+  0.51 accuracy after 100 rounds on Color-MNIST, issue 9); or ``m`` contiguous groups
+  (``intra_group_size=None, intra_groups=m``). See ``intra_geo_component``. The server averages them arithmetically (weighted by client
   size with ``weighting='num_examples'``, the FedSGD convention; ``'uniform'`` for Alg. 2's
   plain mean) and adds ``λ∇L_Fishr`` (``fishr_component``).
 
