@@ -83,3 +83,13 @@ def test_from_client_arrays_refuses_bad_shapes_and_dtypes():
     from_client_arrays(xs, [ys[0][:, None]])
   with pytest.raises(ValueError, match="dtype <U1"):
     from_client_arrays(xs, [np.array(list("abcdef"))])
+
+
+@pytest.mark.parametrize("chunk", [0, -3, 2.5, True])
+def test_build_round_refuses_chunk_size_below_one_instead_of_replacing_it(chunk):
+  from fedjax_inv.algorithms import make_algorithm
+  from fedjax_inv.core.engine import build_round
+  alg = make_algorithm("fedavg")
+  with pytest.raises(ValueError, match=f"chunk_size={chunk!r}"):
+    build_round(models.mlp(3, (4,), 1), "binary", alg, 4, 4, execution="chunked",
+                chunk_size=chunk)

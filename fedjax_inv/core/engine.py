@@ -161,7 +161,7 @@ def map_reduce(fn: Callable, xs: PyTree, strategy: str, chunk_size: int | None =
     return jax.lax.scan(body, zeros, xs, unroll=max(1, min(unroll, cohort)))
 
   if strategy == "chunked":
-    k = _largest_divisor_at_most(cohort, chunk_size or cohort)
+    k = _largest_divisor_at_most(cohort, cohort if chunk_size is None else chunk_size)
     xs_c = jax.tree.map(lambda a: a.reshape((cohort // k, k) + a.shape[1:]), xs)
 
     def body(carry, xc):
@@ -314,7 +314,7 @@ def build_round(model, kind: str, algorithm: Algorithm, num_clients: int,
     local loss, client-weighted), 'clients': [C] int32 sampled pool indices}``.
 
   Raises:
-    ValueError: bad cohort size or strategy name (before any compile).
+    ValueError: bad cohort size, strategy name or ``chunk_size`` < 1 (before any compile).
     DoesNotFitError (a MemoryError and ValueError): an explicit strategy whose estimated
       memory exceeds the device's budget (message: the numbers and the fix).
   """
@@ -323,7 +323,11 @@ def build_round(model, kind: str, algorithm: Algorithm, num_clients: int,
     raise ValueError(f"clients_per_round={clients_per_round} must be in [1, {num_clients}] "
                      f"(the pool has {num_clients} clients).")
   strategy = resolve_strategy(execution, clients_per_round)
-  chunk = chunk_size or min(clients_per_round, 64)
+  if chunk_size is not None and (isinstance(chunk_size, bool) or int(chunk_size) != chunk_size
+                                 or chunk_size < 1):
+    raise ValueError(f"chunk_size={chunk_size!r}; it must be an integer >= 1 (or None for "
+                     "the default min(C, 64)).")
+  chunk = min(clients_per_round, 64) if chunk_size is None else int(chunk_size)
   if feature_shape is not None and n_max is not None:
     # Memory check before compiling (core/memory.py): 'auto' chunks instead of running
     # out of memory; an explicit strategy that cannot fit raises DoesNotFitError (a

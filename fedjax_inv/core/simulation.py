@@ -105,34 +105,65 @@ def _first_bad_round(bad, loss, r):
 CHECK_EVERY = 10
 
 
-CHECKPOINT_FILE = "checkpoint.npz"
+def _manager(path, create: bool):
+  """An ``orbax.checkpoint.CheckpointManager`` over ``path`` that keeps the newest step
+  only, saving synchronously (the round loop continues after the save has landed)."""
+  import orbax.checkpoint as ocp
+  opts = ocp.CheckpointManagerOptions(max_to_keep=1, create=create,
+                                      enable_async_checkpointing=False)
+  return ocp.CheckpointManager(pathlib.Path(path).absolute(), options=opts)
+
+
+def _leaf_specs(state) -> list:
+  return [[list(np.shape(x)), str(np.asarray(x).dtype if not hasattr(x, "dtype")
+                                   else x.dtype)] for x in jax.tree.leaves(state)]
+
+
+def latest_checkpoint(path) -> int | None:
+  """The round of the newest complete checkpoint in ``path`` (None: none there).
+  Orbax finalizes a step by an atomic rename, so a save killed half-way is not seen."""
+  path = pathlib.Path(path)
+  if not path.is_dir():
+    return None
+  with _manager(path, create=False) as m:
+    return m.latest_step()
 
 
 def save_checkpoint(path, state, meta: dict) -> None:
-  """Writes ``state`` (any pytree of arrays: server state, per-client states, selected
-  models) and ``meta`` (JSON: round, history, ...) to ``path/checkpoint.npz`` atomically
-  (temp file + rename: a kill leaves the previous checkpoint intact). Leaves are stored
-  bit-exactly in tree-flatten order."""
-  import json
-  import os
-  import tempfile
-  path = pathlib.Path(path)
-  path.mkdir(parents=True, exist_ok=True)
-  leaves = [np.asarray(x) for x in jax.tree.leaves(state)]
-  fd, tmp = tempfile.mkstemp(prefix=".ckpt-", suffix=".npz", dir=path)
-  try:
-    with os.fdopen(fd, "wb") as f:
-      np.savez(f, *leaves, meta=np.array(json.dumps(
-          meta, default=lambda o: o.item() if hasattr(o, "item") else str(o))))
-    os.replace(tmp, path / CHECKPOINT_FILE)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.unlink(tmp)
-    raise
+  """Saves ``state`` (any pytree of arrays: server state, per-client states, selected
+  models) and ``meta`` (JSON: ``round``, history, ...) as step ``meta['round']`` of an
+  ``orbax.checkpoint.CheckpointManager`` in ``path`` (created if missing; only the newest
+  step is kept). Orbax writes each step to a temporary folder and renames it when
+  complete, so a kill during a save leaves the previous checkpoint intact. Arrays are
+  stored bit-exactly (tensorstore/zarr); the leaves' shapes and dtypes go into ``meta``
+  so a restore into another model fails with a clear message.
+
+  Raises:
+    KeyError: ``meta`` has no integer ``round``.
+  """
+  import orbax.checkpoint as ocp
+  meta = json.loads(json.dumps(
+      dict(meta, leaves=_leaf_specs(state)),
+      default=lambda o: o.item() if hasattr(o, "item") else str(o)))
+  with _manager(path, create=True) as m:
+    m.save(int(meta["round"]), args=ocp.args.Composite(
+        state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)), force=True)
+    m.wait_until_finished()
+
+
+def load_checkpoint_meta(path) -> dict | None:
+  """The JSON ``meta`` of the newest checkpoint in ``path`` (None: no checkpoint)."""
+  import orbax.checkpoint as ocp
+  step = latest_checkpoint(path)
+  if step is None:
+    return None
+  with _manager(path, create=False) as m:
+    return m.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
 
 
 def load_checkpoint(path, target):
-  """Reads a :func:`save_checkpoint` file into the structure of ``target``.
+  """Restores the newest :func:`save_checkpoint` step in ``path`` into the structure,
+  shapes and dtypes of ``target`` (a pytree of arrays).
 
   Returns:
     ``(state, meta)``, or None when ``path`` holds no checkpoint.
@@ -140,21 +171,17 @@ def load_checkpoint(path, target):
   Raises:
     ValueError: the checkpoint's arrays do not match ``target`` (another model/config).
   """
-  import json
-  f = pathlib.Path(path) / CHECKPOINT_FILE
-  if not f.is_file():
+  import orbax.checkpoint as ocp
+  meta = load_checkpoint_meta(path)
+  if meta is None:
     return None
-  with np.load(f) as z:
-    meta = json.loads(str(z["meta"]))
-    n = len(z.files) - 1
-    leaves = [z[f"arr_{i}"] for i in range(n)]
-  ref, treedef = jax.tree.flatten(target)
-  if len(ref) != len(leaves) or any(
-      np.shape(a) != np.shape(b) or np.asarray(a).dtype != b.dtype
-      for a, b in zip(ref, leaves)):
-    raise ValueError(f"checkpoint {f} does not match this run (different model or "
+  if meta.get("leaves") != _leaf_specs(target):
+    raise ValueError(f"checkpoint in {path} does not match this run (different model or "
                      "settings); remove it or use another --out.")
-  return jax.tree.unflatten(treedef, [jnp.asarray(x) for x in leaves]), meta
+  with _manager(path, create=False) as m:
+    state = m.restore(int(meta["round"]), args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(target)))["state"]
+  return state, meta
 
 
 def _copy_params(params):
@@ -273,11 +300,7 @@ def run(task, algorithm, *, rounds: int, clients_per_round: int | None = None,
   bad = jnp.zeros((), jnp.int32)
   start = 1
   if checkpoint_dir is not None:
-    meta0 = None
-    f = pathlib.Path(checkpoint_dir) / CHECKPOINT_FILE
-    if f.is_file():
-      with np.load(f) as z:
-        meta0 = json.loads(str(z["meta"]))
+    meta0 = load_checkpoint_meta(checkpoint_dir)
     if meta0 is not None:
       target = (server, cstates, {rule: server.params for rule in meta0["selected"]})
       (server, cstates, selected_params), meta0 = load_checkpoint(checkpoint_dir, target)
