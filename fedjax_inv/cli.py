@@ -45,6 +45,9 @@ RUN_KEYS = {  # config key -> (type, help); every help states the default
                    "comparison)"),
     "execution": (str, "auto | vmap | scan | chunked; default auto"),
     "chunk_size": (int, "clients per chunk for --execution chunked (>= 1); default: auto"),
+    "rounds_per_call": (int, "fused rounds: run up to N rounds in one device call (>= 1; "
+                             "evaluation, checkpoints and progress at call boundaries); "
+                             "default 1"),
     "eval_every": (int, "evaluate every N rounds (>= 1); default: the task's, else "
                         "rounds/20"),
     "out": (str, "output directory, new or empty (default runs/<task>-<algorithms>-<time>-"
@@ -77,6 +80,7 @@ _CHECKS = {
     "rounds": ("int", 1), "clients_per_round": ("int", 1), "local_steps": ("int", 1),
     "seed": ("int", 0), "seeds": ("int", 1), "chunk_size": ("int", 1),
     "eval_every": ("int", 1), "last_k": ("int", 0), "checkpoint_every": ("int", 1),
+    "rounds_per_call": ("int", 1),
     "lr": ("pos", None), "server_lr": ("pos", None), "tau": ("unit", None),
     "execution": ("choice", ("auto", "vmap", "scan", "chunked")),
     "source": ("choice", ("auto", "raw", "tfds", "bundled")),

@@ -369,7 +369,8 @@ def run_experiment(cfg: dict, progress: bool = True, overrides=None,
                     chunk_size=cfg.get("chunk_size"), eval_every=eval_every,
                     progress=progress, reporting=rep, callback=stream_row,
                     checkpoint_dir=ckpt if cfg.get("checkpoint_every") else None,
-                    checkpoint_every=cfg.get("checkpoint_every"))
+                    checkpoint_every=cfg.get("checkpoint_every"),
+                    rounds_per_call=cfg.get("rounds_per_call") or 1)
         except DivergedError as e:
           shutil.rmtree(ckpt, ignore_errors=True)  # ours; the run is over
           summary = {**base, "status": "diverged", "diverged_round": e.round,

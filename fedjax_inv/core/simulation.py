@@ -184,6 +184,38 @@ def load_checkpoint(path, target):
   return state, meta
 
 
+def build_fused_rounds(round_fn):
+  """Fuses several rounds into one device call (issue 13, fused rounds).
+
+  Args:
+    round_fn: a :func:`fedjax_inv.core.engine.build_round` result.
+
+  Returns:
+    ``fused(server, client_states, data, key, bad, first_round, n) -> (server,
+    client_states, bad, train_loss)``: runs rounds ``first_round .. first_round + n - 1``
+    (1-based) inside one jitted ``lax.fori_loop`` (``n`` is traced: one compile for every
+    segment length) and returns the state after them, the device-side first non-finite
+    round ``bad`` (0 while all are finite) and the last round's ``train_loss`` (scalar).
+    The per-client states (argument 1) are donated, as in ``round_fn``.
+  """
+  raw = round_fn.jitted
+
+  def fused(server, cstates, data, key, bad, first_round, n):
+    loss0 = jax.eval_shape(lambda s, c: raw(s, c, data, key)[2]["train_loss"], server,
+                           cstates)
+
+    def body(i, carry):
+      s, c, b, _ = carry
+      s, c, m = raw(s, c, data, key)
+      return s, c, _first_bad_round(b, m["train_loss"], first_round + i), m["train_loss"]
+    return jax.lax.fori_loop(0, n, body, (server, cstates, bad,
+                                          jnp.zeros(loss0.shape, loss0.dtype)))
+
+  jitted = jax.jit(fused, donate_argnums=(1,))
+  return lambda server, cstates, data, key, bad, first_round, n: jitted(
+      server, cstates, data, key, bad, jnp.int32(first_round), jnp.int32(n))
+
+
 def _copy_params(params):
   # An independent copy: the selected model must not change with later rounds, even if
   # the engine ever donates or updates the server state in place.
@@ -214,7 +246,7 @@ def run(task, algorithm, *, rounds: int, clients_per_round: int | None = None,
         eval_every: int | None = None, progress: bool = True, shard: bool = True,
         callback: Callable[[dict], None] | None = None,
         reporting="auto", checkpoint_dir=None,
-        checkpoint_every: int | None = None) -> RunResult:
+        checkpoint_every: int | None = None, rounds_per_call: int = 1) -> RunResult:
   """Trains ``algorithm`` on ``task`` for ``rounds`` rounds.
 
   Args:
@@ -245,11 +277,17 @@ def run(task, algorithm, *, rounds: int, clients_per_round: int | None = None,
       and ends bit-identical to an uninterrupted run (the per-round randomness derives
       from the seed and the server's round counter).
     checkpoint_every: rounds between checkpoints (>= 1); None = never save.
+    rounds_per_call: fused rounds (issue 13): up to this many rounds run in ONE device
+      call (a ``lax.fori_loop`` over the jitted round, :func:`build_fused_rounds`), with
+      no host synchronization between them; evaluation, checkpoints, the divergence
+      check and the progress bar happen at call boundaries (a call always ends at an
+      evaluation or checkpoint round). 1 (default) = one call per round. Results equal
+      the per-round loop (``tests/test_fused.py``).
 
   Raises:
     ValueError: ``rounds < 1``, bad cohort, bad strategy, ``clients_per_round`` /
       ``eval_every`` / ``chunk_size`` / ``checkpoint_every`` < 1 (0 is refused, not
-      replaced by the default), bad ``eval_every`` or
+      replaced by the default), ``rounds_per_call`` < 1, bad ``eval_every`` or
       ``reporting`` (e.g. a selection rule on a metric the run does not record) — all
       before compiling.
     DivergedError: (a ``FloatingPointError``) the train objective became NaN/inf; the
@@ -275,6 +313,10 @@ def run(task, algorithm, *, rounds: int, clients_per_round: int | None = None,
                                        int(checkpoint_every) != checkpoint_every or
                                        checkpoint_every < 1):
     raise ValueError(f"checkpoint_every={checkpoint_every}; it must be an integer >= 1.")
+  if isinstance(rounds_per_call, bool) or not isinstance(rounds_per_call, (int, np.integer)) \
+      or rounds_per_call < 1:
+    raise ValueError(f"rounds_per_call={rounds_per_call!r}; it must be an integer >= 1 "
+                     "(1 = one device call per round).")
   rep = reporting_lib.resolve(reporting, task)
   reporting_lib.check(rep, task)
   schedule = set(reporting_lib.eval_rounds(rounds, int(eval_every), rep.last_k))
@@ -283,6 +325,7 @@ def run(task, algorithm, *, rounds: int, clients_per_round: int | None = None,
   round_fn = build_round(model, task.kind, algorithm, num_clients, cohort,
                          execution=execution, chunk_size=chunk_size, mesh=mesh,
                          feature_shape=task.train.feature_shape, n_max=task.train.n_max)
+  fused = build_fused_rounds(round_fn) if rounds_per_call > 1 else None
   evaluate = build_evaluator(model, task.kind, algorithm)
   predict_fn = build_predict(model, algorithm) if rep.ranking else None
   params = model.init(seed)
@@ -312,16 +355,29 @@ def run(task, algorithm, *, rounds: int, clients_per_round: int | None = None,
           callback(entry)
       if bar is not None:
         bar.update(start - 1)
+  stops = set(schedule)
+  if checkpoint_every and checkpoint_dir is not None:
+    stops |= set(range(checkpoint_every, rounds + 1, checkpoint_every))
   try:
-    for r in range(start, rounds + 1):
-      server, cstates, metrics = round_fn(server, cstates, task.train, key)
-      bad = _first_bad_round(bad, metrics["train_loss"], r)
-      if r in schedule or r % CHECK_EVERY == 0:
+    r = start
+    while r <= rounds:
+      first = r
+      if fused is not None:  # this call's last round: the next stop, at most R rounds on
+        while r < rounds and r - first + 1 < rounds_per_call and r not in stops:
+          r += 1
+      if r > first:
+        server, cstates, bad, train_loss = fused(server, cstates, task.train, key, bad,
+                                                 first, r - first + 1)
+      else:
+        server, cstates, metrics = round_fn(server, cstates, task.train, key)
+        train_loss = metrics["train_loss"]
+        bad = _first_bad_round(bad, train_loss, r)
+      if r in schedule or r % CHECK_EVERY == 0 or r > first:
         first_bad = int(bad)
         if first_bad:
           raise DivergedError(first_bad, history, algorithm.name)
       if r in schedule:
-        entry = {"round": r, "train_objective": float(metrics["train_loss"])}
+        entry = {"round": r, "train_objective": float(train_loss)}
         entry.update(evaluate_all(evaluate, server.params, task, rep, predict_fn))
         history.append(entry)
         if rep.keep_params:
@@ -342,7 +398,8 @@ def run(task, algorithm, *, rounds: int, clients_per_round: int | None = None,
                 if k.endswith("_accuracy") and "client" not in k}
         bar.set_postfix(post)
       if bar is not None:
-        bar.update(1)
+        bar.update(r - first + 1)
+      r += 1
   finally:
     if bar is not None:
       bar.close()
