@@ -28,3 +28,8 @@ $py -m fedjax_inv.cli bench --workloads mlp --clients 10,100,1000,10000 \
 $py -m fedjax_inv.cli bench --workloads cnn,mlp_fishr_inter_geo,mlp_fedsr \
   --clients 10,100,1000 --impls loop,auto --rounds 3 --max-impl-s 120 \
   --json "$out/heavy.json" 2>&1 | tee "$out/heavy.log"
+# Many runs as one program (8 seeds batched vs sequential) and fused rounds (10 rounds per
+# device call vs one call per round), MLP and ConvNet FedAvg, C = 10 .. 1000.
+$py -m fedjax_inv.cli bench --workloads mlp,cnn --clients 10,100,1000 --replicas 8 \
+  --fused 10 --rounds 5 --no-matmul-peak --json "$out/replicas_fused.json" \
+  2>&1 | tee "$out/replicas_fused.log"

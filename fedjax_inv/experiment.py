@@ -349,64 +349,87 @@ def run_experiment(cfg: dict, progress: bool = True, overrides=None,
   runs = []
   status = "ok"
   t0 = time.perf_counter()
+  replicas = cfg.get("replicas") or "auto"
+  batched = replicas == "batched" or (replicas == "auto" and jax.default_backend() != "cpu")
+  if cfg.get("checkpoint_every"):
+    batched = False  # checkpoints are per run
+  ran_batched = False
+
+  def record(a, s, res, base, ckpt):
+    nonlocal status
+    shutil.rmtree(ckpt, ignore_errors=True)  # ours; the run is over
+    if isinstance(res, DivergedError):
+      summary = {**base, "status": "diverged", "diverged_round": res.round,
+                 "error": str(res), "hparams": built[a].hparams, "data": task.info,
+                 "history": res.history}
+      runs.append(summary)
+      report.write_json(_run_dir(out, a, s) / "summary.json",
+                        {k: v for k, v in summary.items() if k != "history"})
+      status = "diverged"
+      print(f"  {a:18s} seed {s}: DIVERGED at round {res.round} (train objective not "
+            "finite); recorded, going on", file=stream)
+      return
+    summary = {**base, "status": "ok", "final": res.final, **res.report(),
+               "hparams": built[a].hparams, "execution": res.strategy,
+               "seconds": round(res.seconds, 2), "data": task.info,
+               "history": res.history}
+    runs.append(summary)
+    report.write_json(_run_dir(out, a, s) / "summary.json",
+                      {k: v for k, v in summary.items() if k != "history"})
+    f = res.final
+    acc = " ".join(f"{k}={v:.3f}" for k, v in f.items()
+                   if k.endswith(("_accuracy", "_mse")) and "client" not in k)
+    print(f"  {a:18s} seed {s}: {acc}  ({res.seconds:.1f}s, {res.strategy})", file=stream)
+    for rule, e in res.selected.items():
+      vals = " ".join(f"{k}={v:.3f}" for k, v in e.items()
+                      if k.endswith(("_accuracy", "_mse", "_auroc", "_auprc"))
+                      and "client" not in k and isinstance(v, float))
+      print(f"  {'':18s}   at {rule} (round {e['round']}): {vals}", file=stream)
+    if res.last_k_mean is not None:
+      w = res.last_k_mean
+      vals = " ".join(f"{k}={v:.3f}" for k, v in w.items()
+                      if k.endswith(("_accuracy", "_mse")) and "client" not in k)
+      print(f"  {'':18s}   mean of rounds {w['first_round']}-{w['last_round']}: "
+            f"{vals}", file=stream)
+
+  common = dict(rounds=rounds, clients_per_round=cohort,
+                execution=cfg.get("execution") or "auto", chunk_size=cfg.get("chunk_size"),
+                eval_every=eval_every, progress=progress, reporting=rep,
+                rounds_per_call=cfg.get("rounds_per_call") or 1)
   try:
     for a in algos:
       for s in seeds:
         if (a, s) in done:
           runs.append(done[(a, s)])
           print(f"  {a:18s} seed {s}: finished earlier (resumed), kept", file=stream)
-          continue
-
+      todo = [s for s in seeds if (a, s) not in done]
+      base = lambda s: {"task": task.name, "algorithm": a, "seed": s, "rounds": rounds,
+                        "num_clients": task.train.num_clients, "clients_per_round": cohort}
+      if batched and len(todo) > 1:
+        from fedjax_inv.core.replicas import run_replicas
+        ran_batched = True
+        print(f"  {a:18s} seeds {todo}: batched as one program (--replicas "
+              f"{replicas})", file=stream)
+        results = run_replicas(task, built[a], seeds=todo, callback=lambda s, entry, a=a:
+                               report.append_jsonl(metrics_path,
+                                                   {"algorithm": a, "seed": s, **entry}),
+                               **common)
+        for s, res in zip(todo, results):
+          record(a, s, res, dict(base(s), replicas=f"batched x{len(todo)}"),
+                 _run_dir(out, a, s) / "checkpoint")
+        continue
+      for s in todo:
         def stream_row(entry, a=a, s=s):
           report.append_jsonl(metrics_path, {"algorithm": a, "seed": s, **entry})
 
-        base = {"task": task.name, "algorithm": a, "seed": s, "rounds": rounds,
-                "num_clients": task.train.num_clients, "clients_per_round": cohort}
         ckpt = _run_dir(out, a, s) / "checkpoint"
         try:
-          res = run(task, built[a], rounds=rounds, clients_per_round=cohort, seed=s,
-                    execution=cfg.get("execution") or "auto",
-                    chunk_size=cfg.get("chunk_size"), eval_every=eval_every,
-                    progress=progress, reporting=rep, callback=stream_row,
+          res = run(task, built[a], seed=s, callback=stream_row,
                     checkpoint_dir=ckpt if cfg.get("checkpoint_every") else None,
-                    checkpoint_every=cfg.get("checkpoint_every"),
-                    rounds_per_call=cfg.get("rounds_per_call") or 1)
+                    checkpoint_every=cfg.get("checkpoint_every"), **common)
         except DivergedError as e:
-          shutil.rmtree(ckpt, ignore_errors=True)  # ours; the run is over
-          summary = {**base, "status": "diverged", "diverged_round": e.round,
-                     "error": str(e), "hparams": built[a].hparams, "data": task.info,
-                     "history": e.history}
-          runs.append(summary)
-          report.write_json(_run_dir(out, a, s) / "summary.json",
-                            {k: v for k, v in summary.items() if k != "history"})
-          status = "diverged"
-          print(f"  {a:18s} seed {s}: DIVERGED at round {e.round} (train objective not "
-                "finite); recorded, going on", file=stream)
-          continue
-        shutil.rmtree(ckpt, ignore_errors=True)  # ours; the run is over
-        summary = {**base, "status": "ok", "final": res.final, **res.report(),
-                   "hparams": built[a].hparams, "execution": res.strategy,
-                   "seconds": round(res.seconds, 2), "data": task.info,
-                   "history": res.history}
-        runs.append(summary)
-        report.write_json(_run_dir(out, a, s) / "summary.json",
-                          {k: v for k, v in summary.items() if k != "history"})
-        f = res.final
-        acc = " ".join(f"{k}={v:.3f}" for k, v in f.items()
-                       if k.endswith(("_accuracy", "_mse")) and "client" not in k)
-        print(f"  {a:18s} seed {s}: {acc}  ({res.seconds:.1f}s, {res.strategy})",
-              file=stream)
-        for rule, e in res.selected.items():
-          vals = " ".join(f"{k}={v:.3f}" for k, v in e.items()
-                          if k.endswith(("_accuracy", "_mse", "_auroc", "_auprc"))
-                          and "client" not in k and isinstance(v, float))
-          print(f"  {'':18s}   at {rule} (round {e['round']}): {vals}", file=stream)
-        if res.last_k_mean is not None:
-          w = res.last_k_mean
-          vals = " ".join(f"{k}={v:.3f}" for k, v in w.items()
-                          if k.endswith(("_accuracy", "_mse")) and "client" not in k)
-          print(f"  {'':18s}   mean of rounds {w['first_round']}-{w['last_round']}: "
-                f"{vals}", file=stream)
+          res = e
+        record(a, s, res, base(s), ckpt)
   except KeyboardInterrupt:
     status = "interrupted"
   ok = [r for r in runs if r.get("status", "ok") == "ok"]
@@ -423,6 +446,8 @@ def run_experiment(cfg: dict, progress: bool = True, overrides=None,
                         for r in runs],
                "data": task.info}
   summary["status"] = status
+  summary["replicas"] = ("batched (seeds of an algorithm as one vmapped program)"
+                         if ran_batched else "sequential")
   if status != "ok":
     summary["failed_runs"] = [{"algorithm": r["algorithm"], "seed": r["seed"],
                                "status": r["status"],

@@ -7,6 +7,7 @@ import dataclasses
 import json
 import pathlib
 import time
+import types
 from typing import Any, Callable
 
 import jax
@@ -216,6 +217,38 @@ def build_fused_rounds(round_fn):
       server, cstates, data, key, bad, jnp.int32(first_round), jnp.int32(n))
 
 
+def advance(round_fn, fused, server, cstates, data, key, bad, first: int, rounds: int,
+            stops, rounds_per_call: int):
+  """Runs the rounds of one device call starting at round ``first``: up to the next
+  round in ``stops`` (evaluation / checkpoint rounds), at most ``rounds_per_call``
+  rounds, never past ``rounds``; one ``round_fn`` call, or one ``fused`` call
+  (:func:`build_fused_rounds`) for several rounds.
+
+  Returns:
+    ``(server, client_states, bad, train_loss, last_round)``.
+  """
+  r = first
+  if fused is not None:
+    while r < rounds and r - first + 1 < rounds_per_call and r not in stops:
+      r += 1
+  if r > first:
+    return (*fused(server, cstates, data, key, bad, first, r - first + 1), r)
+  server, cstates, metrics = round_fn(server, cstates, data, key)
+  return (server, cstates, _first_bad_round(bad, metrics["train_loss"], r),
+          metrics["train_loss"], r)
+
+
+def keep_selected(rep, history: list, params, selected_params: dict) -> None:
+  """After ``history`` got a new entry: for each selection rule of ``rep`` that now picks
+  that entry, stores an independent copy of ``params`` in ``selected_params[rule]``
+  (the selected index only ever moves to the newest entry, so copying now suffices)."""
+  if not rep.keep_params:
+    return
+  for rule in rep.select:
+    if reporting_lib.select_index(history, rule, rep.select_from)[0] == len(history) - 1:
+      selected_params[rule] = _copy_params(params)
+
+
 def _copy_params(params):
   # An independent copy: the selected model must not change with later rounds, even if
   # the engine ever donates or updates the server state in place.
@@ -239,6 +272,54 @@ def warn_short_schedule(algorithm, rounds: int) -> str | None:
          "(--hp warmup_rounds=K, K < rounds).")
   warnings.warn(msg, UserWarning, stacklevel=3)
   return msg
+
+
+def prepare(task, algorithm, rounds, clients_per_round, execution, chunk_size,
+            eval_every, shard, reporting, rounds_per_call):
+  """Checks a run's settings and builds its jitted pieces (shared by :func:`run` and
+  ``fedjax_inv.core.replicas.run_replicas``); every check happens before any compile.
+
+  Returns:
+    a namespace: ``rounds``, ``num_clients``, ``cohort``, ``rep`` (resolved reporting),
+    ``schedule`` (set of evaluated rounds), ``model``, ``round_fn``, ``fused`` (or None),
+    ``evaluate``, ``predict_fn`` (or None).
+
+  Raises:
+    ValueError: as :func:`run`.
+  """
+  if isinstance(rounds, bool) or int(rounds) != rounds or rounds < 1:
+    raise ValueError(f"rounds={rounds}; it must be an integer >= 1.")
+  rounds = int(rounds)
+  warn_short_schedule(algorithm, rounds)
+  num_clients = task.train.num_clients
+  # None means "the default"; 0 or a negative number is refused, never replaced (issue 11)
+  for name, v in (("clients_per_round", clients_per_round), ("eval_every", eval_every),
+                  ("chunk_size", chunk_size)):
+    if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer))
+                          or v < 1):
+      raise ValueError(f"{name}={v!r}; it must be an integer >= 1 (or None for the "
+                       "default).")
+  cohort = num_clients if clients_per_round is None else int(clients_per_round)
+  eval_every = max(1, rounds // 20) if eval_every is None else int(eval_every)
+  if isinstance(rounds_per_call, bool) or not isinstance(rounds_per_call, (int, np.integer)) \
+      or rounds_per_call < 1:
+    raise ValueError(f"rounds_per_call={rounds_per_call!r}; it must be an integer >= 1 "
+                     "(1 = one device call per round).")
+  rep = reporting_lib.resolve(reporting, task)
+  reporting_lib.check(rep, task)
+  schedule = set(reporting_lib.eval_rounds(rounds, int(eval_every), rep.last_k))
+  mesh = client_mesh() if shard else None
+  model = algorithm.model_for(task.model)
+  round_fn = build_round(model, task.kind, algorithm, num_clients, cohort,
+                         execution=execution, chunk_size=chunk_size, mesh=mesh,
+                         feature_shape=task.train.feature_shape, n_max=task.train.n_max)
+  fused = build_fused_rounds(round_fn) if rounds_per_call > 1 else None
+  evaluate = build_evaluator(model, task.kind, algorithm)
+  predict_fn = build_predict(model, algorithm) if rep.ranking else None
+  return types.SimpleNamespace(
+      rounds=rounds, num_clients=num_clients, cohort=cohort, rep=rep, schedule=schedule,
+      model=model, round_fn=round_fn, fused=fused, evaluate=evaluate,
+      predict_fn=predict_fn)
 
 
 def run(task, algorithm, *, rounds: int, clients_per_round: int | None = None,
@@ -295,39 +376,15 @@ def run(task, algorithm, *, rounds: int, clients_per_round: int | None = None,
       carries the FIRST non-finite round (a device-side scalar updated every round)
       and the history so far.
   """
-  if isinstance(rounds, bool) or int(rounds) != rounds or rounds < 1:
-    raise ValueError(f"rounds={rounds}; it must be an integer >= 1.")
-  rounds = int(rounds)
-  warn_short_schedule(algorithm, rounds)
-  num_clients = task.train.num_clients
-  # None means "the default"; 0 or a negative number is refused, never replaced (issue 11)
-  for name, v in (("clients_per_round", clients_per_round), ("eval_every", eval_every),
-                  ("chunk_size", chunk_size)):
-    if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer))
-                          or v < 1):
-      raise ValueError(f"{name}={v!r}; it must be an integer >= 1 (or None for the "
-                       "default).")
-  cohort = num_clients if clients_per_round is None else int(clients_per_round)
-  eval_every = max(1, rounds // 20) if eval_every is None else int(eval_every)
   if checkpoint_every is not None and (isinstance(checkpoint_every, bool) or
                                        int(checkpoint_every) != checkpoint_every or
                                        checkpoint_every < 1):
     raise ValueError(f"checkpoint_every={checkpoint_every}; it must be an integer >= 1.")
-  if isinstance(rounds_per_call, bool) or not isinstance(rounds_per_call, (int, np.integer)) \
-      or rounds_per_call < 1:
-    raise ValueError(f"rounds_per_call={rounds_per_call!r}; it must be an integer >= 1 "
-                     "(1 = one device call per round).")
-  rep = reporting_lib.resolve(reporting, task)
-  reporting_lib.check(rep, task)
-  schedule = set(reporting_lib.eval_rounds(rounds, int(eval_every), rep.last_k))
-  mesh = client_mesh() if shard else None
-  model = algorithm.model_for(task.model)
-  round_fn = build_round(model, task.kind, algorithm, num_clients, cohort,
-                         execution=execution, chunk_size=chunk_size, mesh=mesh,
-                         feature_shape=task.train.feature_shape, n_max=task.train.n_max)
-  fused = build_fused_rounds(round_fn) if rounds_per_call > 1 else None
-  evaluate = build_evaluator(model, task.kind, algorithm)
-  predict_fn = build_predict(model, algorithm) if rep.ranking else None
+  p = prepare(task, algorithm, rounds, clients_per_round, execution, chunk_size,
+              eval_every, shard, reporting, rounds_per_call)
+  rounds, num_clients, rep, schedule = p.rounds, p.num_clients, p.rep, p.schedule
+  model, round_fn, fused, evaluate, predict_fn = (p.model, p.round_fn, p.fused, p.evaluate,
+                                                  p.predict_fn)
   params = model.init(seed)
   server, cstates = init_state(algorithm, params, num_clients)
   key = jax.random.key(seed)
@@ -362,16 +419,9 @@ def run(task, algorithm, *, rounds: int, clients_per_round: int | None = None,
     r = start
     while r <= rounds:
       first = r
-      if fused is not None:  # this call's last round: the next stop, at most R rounds on
-        while r < rounds and r - first + 1 < rounds_per_call and r not in stops:
-          r += 1
-      if r > first:
-        server, cstates, bad, train_loss = fused(server, cstates, task.train, key, bad,
-                                                 first, r - first + 1)
-      else:
-        server, cstates, metrics = round_fn(server, cstates, task.train, key)
-        train_loss = metrics["train_loss"]
-        bad = _first_bad_round(bad, train_loss, r)
+      server, cstates, bad, train_loss, r = advance(
+          round_fn, fused, server, cstates, task.train, key, bad, first, rounds, stops,
+          rounds_per_call)
       if r in schedule or r % CHECK_EVERY == 0 or r > first:
         first_bad = int(bad)
         if first_bad:
@@ -380,12 +430,7 @@ def run(task, algorithm, *, rounds: int, clients_per_round: int | None = None,
         entry = {"round": r, "train_objective": float(train_loss)}
         entry.update(evaluate_all(evaluate, server.params, task, rep, predict_fn))
         history.append(entry)
-        if rep.keep_params:
-          for rule in rep.select:
-            # The selected index only ever moves to the newest entry: copy its model now.
-            if reporting_lib.select_index(history, rule, rep.select_from)[0] == \
-                len(history) - 1:
-              selected_params[rule] = _copy_params(server.params)
+        keep_selected(rep, history, server.params, selected_params)
       if checkpoint_every and checkpoint_dir is not None and r % checkpoint_every == 0 \
           and r < rounds:
         save_checkpoint(checkpoint_dir, (server, cstates, selected_params),

@@ -1,0 +1,151 @@
+"""Many runs as one computation (issue 13): S seeds of one algorithm on one task run as ONE
+batched program, ``vmap`` over a leading replica axis ``[S, ...]`` of the server states,
+per-client states and PRNG keys; the client data is shared (broadcast, not copied).
+
+A research table is seeds × settings; on an accelerator S small runs batched keep the
+device busy where each alone is bound by dispatch and synchronization. Results equal S
+sequential :func:`fedjax_inv.core.simulation.run` calls (``tests/test_replicas.py``);
+``fedjax-inv bench --replicas`` measures batched vs sequential on the machine at hand.
+
+What is shared and what is per replica:
+
+* per replica: model initialization (``model.init(seed)``), the round's randomness
+  (``jax.random.key(seed)`` folded with the round), the server/client states, the
+  divergence flag, the history, the selected models;
+* shared: task, algorithm and its hyperparameters (Python constants: a replica axis over
+  learning rates or λ would need them traced — not built), cohort size, schedule.
+
+Memory grows S-fold over one run: the engine's memory check is for one replica.
+"""
+from __future__ import annotations
+
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_inv.core import simulation
+from fedjax_inv.core.engine import init_state
+from fedjax_inv.eval import reporting as reporting_lib
+
+
+def _stack(trees):
+  return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
+
+
+def _take(tree, i):
+  return jax.tree.map(lambda a: a[i], tree)
+
+
+def batched_round(round_fn):
+  """``round_fn`` (``engine.build_round``) over a leading replica axis: ``vround(server
+  [S, ...], client_states [S, ...], data (shared), keys [S]) -> (server, client_states,
+  metrics)`` with ``metrics['train_loss']: [S]``; jitted, client states donated; has
+  ``.jitted`` so :func:`simulation.build_fused_rounds` can fuse it."""
+  vround = jax.jit(jax.vmap(round_fn.jitted, in_axes=(0, 0, None, 0)), donate_argnums=(1,))
+  vround.jitted = vround
+  return vround
+
+
+def stacked_state(algorithm, model, num_clients: int, seeds):
+  """Initial server / per-client states and PRNG keys of the seeds, stacked on a leading
+  replica axis ``[S, ...]`` (each replica as ``simulation.run(seed=s)`` starts it)."""
+  states = [init_state(algorithm, model.init(s), num_clients) for s in seeds]
+  return (_stack([st[0] for st in states]), _stack([st[1] for st in states]),
+          jnp.stack([jax.random.key(s) for s in seeds]))
+
+
+def run_replicas(task, algorithm, *, seeds, rounds: int,
+                 clients_per_round: int | None = None, execution: str = "auto",
+                 chunk_size: int | None = None, eval_every: int | None = None,
+                 progress: bool = True, shard: bool = True, callback=None,
+                 reporting="auto", rounds_per_call: int = 1) -> list:
+  """Runs ``algorithm`` on ``task`` once per seed, all seeds batched in one program.
+
+  Args:
+    task, algorithm, rounds, clients_per_round, execution, chunk_size, eval_every,
+      shard, reporting, rounds_per_call: as :func:`fedjax_inv.core.simulation.run`
+      (shared by every replica).
+    seeds: the replicas' seeds (S >= 1 distinct integers); replica ``i`` equals
+      ``simulation.run(..., seed=seeds[i])``.
+    progress: one tqdm bar for the batch (terminal only).
+    callback: ``callback(seed, entry)`` with each replica's history entries.
+
+  Returns:
+    a list with one item per seed, in order: a ``RunResult`` (its ``seconds`` is the
+    batch's wall time divided by S), or a ``simulation.DivergedError`` for a replica
+    whose train objective became non-finite (the others go on; a diverged replica's
+    NaNs stay in its own slice of the batch).
+
+  Raises:
+    ValueError: no seeds, repeated seeds, and everything :func:`simulation.run` refuses
+      — before compiling.
+  """
+  seeds = [int(s) for s in seeds]
+  if not seeds or len(set(seeds)) != len(seeds):
+    raise ValueError(f"seeds={seeds}; give one or more distinct integer seeds.")
+  p = simulation.prepare(task, algorithm, rounds, clients_per_round, execution,
+                         chunk_size, eval_every, shard, reporting, rounds_per_call)
+  S = len(seeds)
+  vround = batched_round(p.round_fn)
+  fused = simulation.build_fused_rounds(vround) if rounds_per_call > 1 else None
+  server, cstates, keys = stacked_state(algorithm, p.model, p.num_clients, seeds)
+  histories = [[] for _ in seeds]
+  selected_params = [{} for _ in seeds]
+  errors: list = [None] * S
+  bar = None
+  if progress:
+    from tqdm.auto import tqdm
+    bar = tqdm(total=p.rounds, desc=f"{algorithm.name} on {task.name} ×{S} seeds",
+               unit="round", leave=False, disable=None)
+  t0 = time.perf_counter()
+  bad = jnp.zeros((S,), jnp.int32)
+  rep = p.rep
+  try:
+    r = 1
+    while r <= p.rounds:
+      first = r
+      server, cstates, bad, train_loss, r = simulation.advance(
+          vround, fused, server, cstates, task.train, keys, bad, first, p.rounds,
+          p.schedule, rounds_per_call)
+      if r in p.schedule or r % simulation.CHECK_EVERY == 0 or r > first:
+        for i, b in enumerate(np.asarray(bad)):
+          if b and errors[i] is None:
+            errors[i] = simulation.DivergedError(int(b), histories[i], algorithm.name)
+        if all(e is not None for e in errors):
+          break
+      if r in p.schedule:
+        losses = np.asarray(train_loss)
+        for i, s in enumerate(seeds):
+          if errors[i] is not None:
+            continue
+          params = _take(server.params, i)
+          entry = {"round": r, "train_objective": float(losses[i])}
+          entry.update(simulation.evaluate_all(p.evaluate, params, task, rep,
+                                               p.predict_fn))
+          histories[i].append(entry)
+          simulation.keep_selected(rep, histories[i], params, selected_params[i])
+          if callback is not None:
+            callback(s, entry)
+      if bar is not None:
+        bar.update(r - first + 1)
+      r += 1
+  finally:
+    if bar is not None:
+      bar.close()
+  seconds = (time.perf_counter() - t0) / S
+  out = []
+  for i in range(S):
+    if errors[i] is not None:
+      out.append(errors[i])
+      continue
+    h = histories[i]
+    out.append(simulation.RunResult(
+        h, h[-1], _take(server.params, i), _take(server, i), p.round_fn.strategy, seconds,
+        selected=reporting_lib.select_rounds_by(h, rep.select, rep.select_from),
+        selected_params=selected_params[i],
+        last_k_mean=reporting_lib.last_k_mean(h, rep.last_k, p.rounds)
+        if rep.last_k else None,
+        reporting=rep.to_dict() if rep else {}))
+  return out
