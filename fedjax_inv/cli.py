@@ -43,7 +43,9 @@ RUN_KEYS = {  # config key -> (type, help); every help states the default
     "seed": (int, "first seed >= 0; default 0"),
     "seeds": (int, "number of seeds (seed, seed+1, ...) >= 1; default 1 (3 for the bare "
                    "comparison)"),
-    "execution": (str, "auto | vmap | scan | chunked; default auto"),
+    "execution": (str, "auto | vmap | scan | chunked | probe (time the strategies on the "
+                       "first rounds, keep the fastest, record it in summary.json); "
+                       "default auto"),
     "chunk_size": (int, "clients per chunk for --execution chunked (>= 1); default: auto"),
     "rounds_per_call": (int, "fused rounds: run up to N rounds in one device call (>= 1; "
                              "evaluation, checkpoints and progress at call boundaries); "
@@ -85,7 +87,7 @@ _CHECKS = {
     "eval_every": ("int", 1), "last_k": ("int", 0), "checkpoint_every": ("int", 1),
     "rounds_per_call": ("int", 1),
     "lr": ("pos", None), "server_lr": ("pos", None), "tau": ("unit", None),
-    "execution": ("choice", ("auto", "vmap", "scan", "chunked")),
+    "execution": ("choice", ("auto", "vmap", "scan", "chunked", "probe")),
     "replicas": ("choice", ("auto", "batched", "sequential")),
     "source": ("choice", ("auto", "raw", "tfds", "bundled")),
     "reporting": ("choice", ("auto", "none")),

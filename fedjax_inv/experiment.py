@@ -278,7 +278,8 @@ def run_experiment(cfg: dict, progress: bool = True, overrides=None,
     out = pathlib.Path(cfg["out"])
   else:
     out = None
-  resolve_strategy(cfg.get("execution") or "auto", 1)
+  if (cfg.get("execution") or "auto") != "probe":
+    resolve_strategy(cfg.get("execution") or "auto", 1)
   # cfg's own lr / hp / ... keys count (API calls with a config dict), then ``overrides``
   derived = cli.algorithm_overrides(cfg)
   extra_hp = [f"{k}={__import__('json').dumps(v)}" for k, v in (overrides or {}).items()

@@ -42,6 +42,8 @@ class RunResult:
     last_k_mean: metrics averaged over the last ``reporting.last_k`` rounds
       (``fedjax_inv.eval.reporting.last_k_mean``), or None.
     reporting: the resolved ``Reporting`` as a dict.
+    probe: with ``execution='probe'``, the chosen strategy and each candidate's measured
+      seconds per round (:func:`probe_strategy`); else None.
   """
   history: list
   final: dict
@@ -53,6 +55,7 @@ class RunResult:
   selected_params: dict = dataclasses.field(default_factory=dict)
   last_k_mean: dict | None = None
   reporting: dict = dataclasses.field(default_factory=dict)
+  probe: dict | None = None
 
   def report(self) -> dict:
     """The reporting part for ``summary.json``: ``selected``, ``last_k_mean`` and
@@ -64,6 +67,8 @@ class RunResult:
       out["last_k_mean"] = self.last_k_mean
     if self.reporting:
       out["reporting"] = self.reporting
+    if self.probe:
+      out["execution_probe"] = self.probe
     return out
 
 
@@ -274,6 +279,46 @@ def warn_short_schedule(algorithm, rounds: int) -> str | None:
   return msg
 
 
+PROBE_ROUNDS = 2  # timed rounds per candidate strategy of execution='probe'
+
+
+def probe_strategy(task, model, algorithm, cohort: int, chunk_size=None, mesh=None):
+  """``execution='probe'`` (issue 13, a measured ``auto``): builds the round with each
+  candidate strategy — 'scan' and 'vmap', and 'chunked' when ``cohort`` > 64 — times
+  ``PROBE_ROUNDS`` rounds of each from the initial state (after one compiling round;
+  the run itself starts afresh), and keeps the fastest. A candidate that does not fit
+  in memory (``core/memory.py``) is skipped. Costs one compile per candidate.
+
+  Returns:
+    ``(round_fn, {'chosen': strategy, 'seconds_per_round': {strategy: s}})``.
+  """
+  from fedjax_inv.core import memory
+  server, cstates = init_state(algorithm, model.init(0), task.train.num_clients)
+  key = jax.random.key(0)
+  candidates = ["scan", "vmap"] + (["chunked"] if cohort > 64 else [])
+  built, times = {}, {}
+  for c in candidates:
+    try:
+      fn = build_round(model, task.kind, algorithm, task.train.num_clients, cohort,
+                       execution=c, chunk_size=chunk_size, mesh=mesh,
+                       feature_shape=task.train.feature_shape, n_max=task.train.n_max)
+    except memory.DoesNotFitError:
+      continue
+    copy = lambda t: jax.tree.map(lambda a: jnp.array(a, copy=True), t)  # noqa: E731
+    st = fn(server, copy(cstates), task.train, key)[:2]  # compiles
+    jax.block_until_ready(st)
+    t = time.perf_counter()
+    for _ in range(PROBE_ROUNDS):
+      st = fn(*st, task.train, key)[:2]
+    jax.block_until_ready(st)
+    built[c], times[c] = fn, (time.perf_counter() - t) / PROBE_ROUNDS
+  if not built:
+    raise memory.DoesNotFitError("execution='probe': no strategy fits in memory; lower "
+                                 "clients_per_round.")
+  chosen = min(times, key=times.get)
+  return built[chosen], {"chosen": chosen, "seconds_per_round": times}
+
+
 def prepare(task, algorithm, rounds, clients_per_round, execution, chunk_size,
             eval_every, shard, reporting, rounds_per_call):
   """Checks a run's settings and builds its jitted pieces (shared by :func:`run` and
@@ -310,16 +355,20 @@ def prepare(task, algorithm, rounds, clients_per_round, execution, chunk_size,
   schedule = set(reporting_lib.eval_rounds(rounds, int(eval_every), rep.last_k))
   mesh = client_mesh() if shard else None
   model = algorithm.model_for(task.model)
-  round_fn = build_round(model, task.kind, algorithm, num_clients, cohort,
-                         execution=execution, chunk_size=chunk_size, mesh=mesh,
-                         feature_shape=task.train.feature_shape, n_max=task.train.n_max)
+  probe = None
+  if execution == "probe":
+    round_fn, probe = probe_strategy(task, model, algorithm, cohort, chunk_size, mesh)
+  else:
+    round_fn = build_round(model, task.kind, algorithm, num_clients, cohort,
+                           execution=execution, chunk_size=chunk_size, mesh=mesh,
+                           feature_shape=task.train.feature_shape, n_max=task.train.n_max)
   fused = build_fused_rounds(round_fn) if rounds_per_call > 1 else None
   evaluate = build_evaluator(model, task.kind, algorithm)
   predict_fn = build_predict(model, algorithm) if rep.ranking else None
   return types.SimpleNamespace(
       rounds=rounds, num_clients=num_clients, cohort=cohort, rep=rep, schedule=schedule,
       model=model, round_fn=round_fn, fused=fused, evaluate=evaluate,
-      predict_fn=predict_fn)
+      predict_fn=predict_fn, probe=probe)
 
 
 def run(task, algorithm, *, rounds: int, clients_per_round: int | None = None,
@@ -338,7 +387,9 @@ def run(task, algorithm, *, rounds: int, clients_per_round: int | None = None,
     clients_per_round: cohort size C (default: all training clients).
     seed: initializes the model (``seed``) and drives sampling/minibatches; the same seed
       gives bit-identical metrics on the same machine.
-    execution: 'auto' | 'vmap' | 'scan' | 'chunked'.
+    execution: 'auto' | 'vmap' | 'scan' | 'chunked' | 'probe' (time the candidate
+      strategies on this task for a few rounds and keep the fastest,
+      :func:`probe_strategy`; recorded in ``RunResult.probe``).
     eval_every: evaluate every this many rounds (default ``max(1, rounds // 20)``); the
       last round, and each of the last ``reporting.last_k`` rounds, are always evaluated
       (``fedjax_inv.eval.reporting.eval_rounds``).
@@ -453,4 +504,4 @@ def run(task, algorithm, *, rounds: int, clients_per_round: int | None = None,
   last = reporting_lib.last_k_mean(history, rep.last_k, rounds) if rep.last_k else None
   return RunResult(history, history[-1], server.params, server, round_fn.strategy, seconds,
                    selected=selected, selected_params=selected_params, last_k_mean=last,
-                   reporting=rep.to_dict() if rep else {})
+                   reporting=rep.to_dict() if rep else {}, probe=p.probe)
