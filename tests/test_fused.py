@@ -19,7 +19,6 @@ def _task(tiny_binary):
     ("fedavg", {}),
     ("scaffold", {}),                # per-client control variates (client states)
     ("fedgma", {"tau": 0.4}),         # server-side sign mask
-    ("fedprox", {"mu": 0.1}),
 ])
 def test_fused_rounds_equal_per_round_calls(tiny_binary, name, hp):
   task = _task(tiny_binary)
