@@ -498,6 +498,11 @@ def run_holdout_experiment(cfg: dict, progress: bool = True, overrides=None,
   cfg = cli.check_run_config(cfg)
   if cfg.get("resume"):
     raise ValueError("--resume is not supported with --holdout; rerun with a new --out.")
+  for key in ("replicas", "rounds_per_call", "checkpoint_every"):
+    if cfg.get(key) not in (None, "auto", 1) or (key == "checkpoint_every" and cfg.get(key)):
+      raise ValueError(f"{cli._flag(key)} {cfg[key]}: not supported with --holdout yet "
+                       "(leave-one-domain-out runs one held-out domain at a time); leave "
+                       "it out.")
   scoped = [k for k in (overrides or {}) if "." in k]
   if scoped:
     raise ValueError(f"--hp {scoped[0]}=...: ALGORITHM.NAME scoping is not supported with "
