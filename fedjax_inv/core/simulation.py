@@ -275,7 +275,7 @@ def warn_short_schedule(algorithm, rounds: int) -> str | None:
          "penalty never switches on and this run is the base algorithm (FedAvg for "
          f"inv_fedavg). Run more than {int(warm)} rounds, or pass a shorter warm-up "
          "(--hp warmup_rounds=K, K < rounds).")
-  warnings.warn(msg, UserWarning, stacklevel=3)
+  warnings.warn(msg, UserWarning, stacklevel=4)  # the caller of run() / run_replicas()
   return msg
 
 
