@@ -94,15 +94,11 @@ def run_replicas(task, algorithm, *, seeds, rounds: int,
   histories = [[] for _ in seeds]
   selected_params = [{} for _ in seeds]
   errors: list = [None] * S
-  bar = None
-  if progress:
-    from tqdm.auto import tqdm
-    bar = tqdm(total=p.rounds, desc=f"{algorithm.name} on {task.name} ×{S} seeds",
-               unit="round", leave=False, disable=None)
   t0 = time.perf_counter()
   bad = jnp.zeros((S,), jnp.int32)
   rep = p.rep
-  try:
+  with simulation.progress_bar(progress, p.rounds,
+                               f"{algorithm.name} on {task.name} ×{S} seeds") as bar:
     r = 1
     while r <= p.rounds:
       first = r
@@ -128,12 +124,8 @@ def run_replicas(task, algorithm, *, seeds, rounds: int,
           simulation.keep_selected(rep, histories[i], params, selected_params[i])
           if callback is not None:
             callback(s, entry)
-      if bar is not None:
-        bar.update(r - first + 1)
+      bar.update(r - first + 1)
       r += 1
-  finally:
-    if bar is not None:
-      bar.close()
   seconds = (time.perf_counter() - t0) / S
   out = []
   for i in range(S):

@@ -222,6 +222,15 @@ def build_fused_rounds(round_fn):
       server, cstates, data, key, bad, jnp.int32(first_round), jnp.int32(n))
 
 
+def progress_bar(progress: bool, total: int, desc: str, initial: int = 0):
+  """A tqdm bar over rounds (a context manager). With ``progress=False``, or when stderr
+  is not a terminal (``disable=None``: a bar floods log files), every call on it is a
+  no-op, so the round loop needs no checks."""
+  from tqdm.auto import tqdm
+  return tqdm(total=total, initial=initial, desc=desc, unit="round", leave=False,
+              disable=None if progress else True)
+
+
 def advance(round_fn, fused, server, cstates, data, key, bad, first: int, rounds: int,
             stops, rounds_per_call: int):
   """Runs the rounds of one device call starting at round ``first``: up to the next
@@ -441,12 +450,6 @@ def run(task, algorithm, *, rounds: int, clients_per_round: int | None = None,
   key = jax.random.key(seed)
   history = []
   selected_params = {}
-  bar = None
-  if progress:
-    from tqdm.auto import tqdm
-    # disable=None: no bar unless stderr is a terminal (a bar floods log files).
-    bar = tqdm(total=rounds, desc=f"{algorithm.name} on {task.name}", unit="round",
-               leave=False, disable=None)
   t0 = time.perf_counter()
   bad = jnp.zeros((), jnp.int32)
   start = 1
@@ -461,12 +464,11 @@ def run(task, algorithm, *, rounds: int, clients_per_round: int | None = None,
       if callback is not None:
         for entry in history:
           callback(entry)
-      if bar is not None:
-        bar.update(start - 1)
   stops = set(schedule)
   if checkpoint_every and checkpoint_dir is not None:
     stops |= set(range(checkpoint_every, rounds + 1, checkpoint_every))
-  try:
+  with progress_bar(progress, rounds, f"{algorithm.name} on {task.name}",
+                    initial=start - 1) as bar:
     r = start
     while r <= rounds:
       first = r
@@ -489,16 +491,11 @@ def run(task, algorithm, *, rounds: int, clients_per_round: int | None = None,
                          "selected": list(selected_params)})
       if r in schedule and callback is not None:  # after the checkpoint of round r
         callback(history[-1])
-      if r in schedule and bar is not None:
-        post = {k.replace("_accuracy", "_acc"): f"{v:.3f}" for k, v in entry.items()
-                if k.endswith("_accuracy") and "client" not in k}
-        bar.set_postfix(post)
-      if bar is not None:
-        bar.update(r - first + 1)
+      if r in schedule:
+        bar.set_postfix({k.replace("_accuracy", "_acc"): f"{v:.3f}" for k, v in entry.items()
+                         if k.endswith("_accuracy") and "client" not in k})
+      bar.update(r - first + 1)
       r += 1
-  finally:
-    if bar is not None:
-      bar.close()
   seconds = time.perf_counter() - t0
   selected = reporting_lib.select_rounds_by(history, rep.select, rep.select_from)
   last = reporting_lib.last_k_mean(history, rep.last_k, rounds) if rep.last_k else None
