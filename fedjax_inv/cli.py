@@ -70,6 +70,11 @@ RUN_KEYS = {  # config key -> (type, help); every help states the default
     "download": (bool, "download missing raw data (opt-in; short timeout); default off"),
     "hp": (list, "algorithm hyperparameter NAME=VALUE, or ALGORITHM.NAME=VALUE for one "
                  "algorithm only (repeatable), e.g. mu=0.1, fedprox.mu=0.1; default none"),
+    "sweep": (list, "hyperparameter grid NAME=V1,V2 or ALGORITHM.NAME=V1,V2 (repeatable; "
+                    "lr = client_lr): every point of the product × every seed, each a "
+                    "row of the table; batched as one program when the names can be "
+                    "traced (client_lr, server_lr, mu, fishr_lambda, gamma) and "
+                    "--replicas allows; default none"),
     "holdout": (str, "leave-one-domain-out: 'all' or comma-separated domains (domain "
                      "tasks); default off"),
     "select": (str, "model-selection rules, comma-separated (e.g. 'min:ood_loss'), or "
@@ -153,6 +158,18 @@ def check_run_config(cfg: dict) -> dict:
     elif typ is list:
       if isinstance(v, str):
         v = [v]
+      if key == "sweep":
+        from fedjax_inv.sweep import parse_sweep
+        if isinstance(v, dict):  # config file: {name: [values]}
+          v = [f"{k}=" + ",".join(json.dumps(x) if not isinstance(x, str) else x
+                                  for x in (vs if isinstance(vs, list) else [vs]))
+               for k, vs in v.items()]
+        if not isinstance(v, (list, tuple)) or not all(isinstance(i, str) for i in v):
+          raise ValueError(f"{f} {v!r}: must be a list of NAME=V1,V2 strings or a mapping "
+                           "{name: [values]}.")
+        parse_sweep(list(v))  # raises with the item and the fix
+        out[key] = list(v)
+        continue
       if not isinstance(v, (list, tuple)) or not all(isinstance(i, str) for i in v):
         raise ValueError(f"{f} {v!r}: must be a list of NAME=VALUE strings.")
       for item in v:

@@ -164,7 +164,7 @@ def split_overrides(overrides: dict | None, algos) -> dict:
 _POSITIVE = ("client_lr", "server_lr", "lr", "eps", "sigma_min")
 
 
-def check_hparams(name: str, values: dict, scoped: bool = False) -> None:
+def check_hparams(name: str, values: dict, scoped: bool = False, flag: str = "--hp") -> None:
   """Checks user-set hyperparameters of algorithm ``name`` against the types of its
   defaults (``make_algorithm(name).hparams``): numbers must be finite numbers, >= 0
   (> 0 for learning rates, ``eps`` and ``sigma_min``), integers integral, booleans
@@ -181,7 +181,7 @@ def check_hparams(name: str, values: dict, scoped: bool = False) -> None:
     if k not in defaults or defaults[k] is None:
       continue
     d = defaults[k]
-    where = f"--hp {name + '.' if scoped else ''}{k}={v!r} ({name})"
+    where = f"{flag} {name + '.' if scoped else ''}{k}={v!r} ({name})"
     if isinstance(d, bool):
       if not isinstance(v, bool):
         raise ValueError(f"{where}: must be true or false.")
@@ -288,6 +288,20 @@ def run_experiment(cfg: dict, progress: bool = True, overrides=None,
   per_algo = split_overrides(overrides, algos)
   for a in algos:
     check_hparams(a, {k: v for k, v in per_algo[a].items()})
+  from fedjax_inv import sweep as sweep_lib
+  parsed = sweep_lib.parse_sweep(cfg.get("sweep"))
+  for scope in parsed:
+    if scope is not None and scope not in algos:
+      raise ValueError(f"--sweep {scope}.…: {scope!r} is not an algorithm of this run "
+                       f"({', '.join(algos)}).")
+  specs = {a: sweep_lib.spec_for(parsed, a) for a in algos}
+  for a in algos:
+    clash = sorted(set(specs[a]) & set(per_algo[a]))
+    if clash:
+      raise ValueError(f"{clash} ({a}) given both in --sweep and as a fixed value (--hp, "
+                       "--lr, ...); give each name once.")
+    for p in sweep_lib.points(specs[a]):
+      check_hparams(a, p, flag="--sweep")
   task = make_task(cfg["task"], data_dir=cfg.get("data_dir"),
                    source=cfg.get("source") or "auto",
                    download=bool(cfg.get("download")), seed=seed0)
@@ -299,15 +313,22 @@ def run_experiment(cfg: dict, progress: bool = True, overrides=None,
   if not 1 <= cohort <= task.train.num_clients:
     raise ValueError(f"--clients-per-round {cohort}: the task has "
                      f"{task.train.num_clients} training clients.")
-  built = {}
+  built = {}     # run label (the algorithm, or 'algorithm@name=value,...') -> Algorithm
+  plans = {}     # algorithm -> sweep_lib.Plan (one point, {}, without --sweep)
+  labels = {}    # algorithm -> its run labels, in grid order
   for a in algos:
+    make = lambda p, a=a: make_algorithm(a, **task.algorithm_settings(
+        a, {**per_algo[a], **p}))
     try:
-      built[a] = make_algorithm(a, **task.algorithm_settings(a, per_algo[a]))
+      plans[a] = sweep_lib.plan(a, make, sweep_lib.points(specs[a]))
     except ValueError as e:
       if len(algos) > 1 and "unknown hyperparameters" in str(e):
         raise ValueError(f"{e} (with several algorithms, scope a value to one: "
                          f"--hp {a}.NAME=VALUE is ignored by the others)") from None
       raise
+    labels[a] = [sweep_lib.label(a, p) for p in plans[a].points]
+    built.update(zip(labels[a], plans[a].concrete))
+  names = [lab for a in algos for lab in labels[a]]
   rep = run_reporting(cfg, task)
   from fedjax_inv.eval import reporting as rlib
   rlib.check(rep, task)
@@ -339,7 +360,7 @@ def run_experiment(cfg: dict, progress: bool = True, overrides=None,
     out.mkdir(parents=True, exist_ok=True)
   (out / report.MARKER).write_text("written by fedjax-inv\n")
   report.write_json(out / "config.json", resolved)
-  done = _load_finished(out, algos, seeds) if resume else {}
+  done = _load_finished(out, names, seeds) if resume else {}
   metrics_path = out / "metrics.jsonl"
   report.write_jsonl(metrics_path, [
       {"algorithm": a, "seed": s, **h} for (a, s), r in done.items() for h in r["history"]])
@@ -397,47 +418,83 @@ def run_experiment(cfg: dict, progress: bool = True, overrides=None,
                 execution=cfg.get("execution") or "auto", chunk_size=cfg.get("chunk_size"),
                 eval_every=eval_every, progress=progress, reporting=rep,
                 rounds_per_call=cfg.get("rounds_per_call") or 1)
+  sweep_notes = {}
   try:
-    for a in algos:
-      for s in seeds:
-        if (a, s) in done:
-          runs.append(done[(a, s)])
-          print(f"  {a:18s} seed {s}: finished earlier (resumed), kept", file=stream)
-      todo = [s for s in seeds if (a, s) not in done]
-      base = lambda s: {"task": task.name, "algorithm": a, "seed": s, "rounds": rounds,
-                        "num_clients": task.train.num_clients, "clients_per_round": cohort}
-      if batched and len(todo) > 1:
-        from fedjax_inv.core.replicas import run_replicas
-        ran_batched = True
-        print(f"  {a:18s} seeds {todo}: batched as one program (--replicas "
-              f"{replicas})", file=stream)
-        results = run_replicas(task, built[a], seeds=todo, callback=lambda s, entry, a=a:
-                               report.append_jsonl(metrics_path,
-                                                   {"algorithm": a, "seed": s, **entry}),
-                               **common)
-        for s, res in zip(todo, results):
-          record(a, s, res, dict(base(s), replicas=f"batched x{len(todo)}"),
-                 _run_dir(out, a, s) / "checkpoint")
-        continue
-      for s in todo:
-        def stream_row(entry, a=a, s=s):
-          report.append_jsonl(metrics_path, {"algorithm": a, "seed": s, **entry})
+    for algo in algos:
+      pl = plans[algo]
+      point_of = dict(zip(labels[algo], pl.points))
 
-        ckpt = _run_dir(out, a, s) / "checkpoint"
-        try:
-          res = run(task, built[a], seed=s, callback=stream_row,
-                    checkpoint_dir=ckpt if cfg.get("checkpoint_every") else None,
-                    checkpoint_every=cfg.get("checkpoint_every"), **common)
-        except DivergedError as e:
-          res = e
-        record(a, s, res, base(s), ckpt)
+      def base(s, a):
+        b = {"task": task.name, "algorithm": a, "seed": s, "rounds": rounds,
+             "num_clients": task.train.num_clients, "clients_per_round": cohort}
+        if point_of[a]:
+          b.update(base_algorithm=algo, sweep=point_of[a])
+        return b
+      for a in labels[algo]:
+        for s in seeds:
+          if (a, s) in done:
+            runs.append(done[(a, s)])
+            print(f"  {a:18s} seed {s}: finished earlier (resumed), kept", file=stream)
+      if len(pl.points) > 1:
+        sweep_notes[algo] = ("batched: " + ", ".join(pl.traced) + " traced"
+                             if pl.batched and batched else
+                             "one after another: " + (
+                                 pl.reason if not pl.batched else
+                                 f"--replicas {replicas}" + (" (sequential on CPU; "
+                                 "--replicas batched traces " + ", ".join(pl.traced) + ")"
+                                 if replicas == "auto" else "")))
+        print(f"  {algo}: {len(pl.points)} sweep points × {len(seeds)} seed(s), "
+              f"{sweep_notes[algo]}", file=stream)
+      if pl.batched and batched and len(pl.points) > 1:
+        from fedjax_inv.core.replicas import run_replicas
+        todo = [(lab, s) for lab in labels[algo] for s in seeds if (lab, s) not in done]
+        if todo:
+          ran_batched = True
+          rs = [s for _, s in todo]
+          hs = [{k: float(point_of[lab][k]) for k in pl.traced} for lab, _ in todo]
+          results = run_replicas(
+              task, pl.structure, seeds=rs, hparams=hs, callback=lambda i, entry:
+              report.append_jsonl(metrics_path, {"algorithm": todo[i][0],
+                                                 "seed": todo[i][1], **entry}),
+              **common)
+          for (lab, s), res in zip(todo, results):
+            record(lab, s, res, dict(base(s, lab), replicas=f"batched x{len(todo)}"),
+                   _run_dir(out, lab, s) / "checkpoint")
+        continue
+      for a in labels[algo]:
+        todo = [s for s in seeds if (a, s) not in done]
+        if batched and len(todo) > 1:
+          from fedjax_inv.core.replicas import run_replicas
+          ran_batched = True
+          print(f"  {a:18s} seeds {todo}: batched as one program (--replicas "
+                f"{replicas})", file=stream)
+          results = run_replicas(task, built[a], seeds=todo, callback=lambda s, entry, a=a:
+                                 report.append_jsonl(metrics_path,
+                                                     {"algorithm": a, "seed": s, **entry}),
+                                 **common)
+          for s, res in zip(todo, results):
+            record(a, s, res, dict(base(s, a), replicas=f"batched x{len(todo)}"),
+                   _run_dir(out, a, s) / "checkpoint")
+          continue
+        for s in todo:
+          def stream_row(entry, a=a, s=s):
+            report.append_jsonl(metrics_path, {"algorithm": a, "seed": s, **entry})
+
+          ckpt = _run_dir(out, a, s) / "checkpoint"
+          try:
+            res = run(task, built[a], seed=s, callback=stream_row,
+                      checkpoint_dir=ckpt if cfg.get("checkpoint_every") else None,
+                      checkpoint_every=cfg.get("checkpoint_every"), **common)
+          except DivergedError as e:
+            res = e
+          record(a, s, res, base(s, a), ckpt)
   except KeyboardInterrupt:
     status = "interrupted"
   ok = [r for r in runs if r.get("status", "ok") == "ok"]
   extra, printed_extra = report_columns(task, rep, rounds)
   metrics = _final_metrics(task) + extra
   table = report.comparison_table(ok, metrics)
-  if len(algos) * len(seeds) == 1 and runs:
+  if len(names) * len(seeds) == 1 and runs:
     summary = {k: v for k, v in runs[0].items() if k != "history"}
   else:
     summary = {"task": task.name, "algorithm": algos, "seed": seeds, "rounds": rounds,
@@ -449,13 +506,16 @@ def run_experiment(cfg: dict, progress: bool = True, overrides=None,
   summary["status"] = status
   summary["replicas"] = ("batched (seeds of an algorithm as one vmapped program)"
                          if ran_batched else "sequential")
+  if sweep_notes:
+    summary["sweep"] = {a: {"points": plans[a].points, "runs": sweep_notes[a]}
+                        for a in sweep_notes}
   if status != "ok":
     summary["failed_runs"] = [{"algorithm": r["algorithm"], "seed": r["seed"],
                                "status": r["status"],
                                "diverged_round": r.get("diverged_round")}
                               for r in runs if r.get("status") == "diverged"]
     if status == "interrupted":
-      summary["not_finished"] = [{"algorithm": a, "seed": s} for a in algos for s in seeds
+      summary["not_finished"] = [{"algorithm": a, "seed": s} for a in names for s in seeds
                                  if not any(r["algorithm"] == a and r["seed"] == s
                                             for r in runs)]
   summary["jax"] = {"version": jax.__version__, "backend": jax.default_backend(),
@@ -503,6 +563,10 @@ def run_holdout_experiment(cfg: dict, progress: bool = True, overrides=None,
       raise ValueError(f"{cli._flag(key)} {cfg[key]}: not supported with --holdout yet "
                        "(leave-one-domain-out runs one held-out domain at a time); leave "
                        "it out.")
+  if cfg.get("sweep"):
+    raise ValueError("--sweep is not supported with --holdout yet (leave-one-domain-out "
+                     "runs one held-out domain at a time); run one --holdout run per "
+                     "setting (--hp NAME=VALUE).")
   scoped = [k for k in (overrides or {}) if "." in k]
   if scoped:
     raise ValueError(f"--hp {scoped[0]}=...: ALGORITHM.NAME scoping is not supported with "

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 
 from fedjax_inv import penalties
 from fedjax_inv.algorithms.base import FEDSGD_FIXED, build, register, uniform_mean
-from fedjax_inv.core.algorithm import Component
+from fedjax_inv.core.algorithm import Component, hparam
 
 
 @register("fedavg", paper="McMahan et al. 2017, Alg. 1",
@@ -35,13 +35,15 @@ def fedsgd(server_lr: float = 0.1, batch_size=None, server_optimizer: str = "sgd
 
 
 def prox_component(mu: float) -> Component:
-  """FedProx proximal term ``(μ/2)‖w − w_t‖²`` (Li et al. 2020, eq. 2)."""
+  """FedProx proximal term ``(μ/2)‖w − w_t‖²`` (Li et al. 2020, eq. 2); ``mu`` may be
+  traced in a batched sweep (``traced=('mu',)``)."""
   if mu < 0:
     raise ValueError(f"mu={mu}; the FedProx coefficient must be >= 0.")
   return Component(
       name="prox",
       loss=lambda model, kind, params, batch, fwd, ctx, key: penalties.prox_term(
-          params, ctx.params, mu))
+          params, ctx.params, hparam(ctx, "mu", mu)),
+      traced=("mu",))
 
 
 @register("fedprox", paper="Li et al. 2020 (FedProx), eq. 2",

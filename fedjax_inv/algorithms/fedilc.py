@@ -69,7 +69,7 @@ from fedjax_inv import penalties
 from fedjax_inv.algorithms import base
 from fedjax_inv.algorithms.base import FEDSGD_FIXED, register, uniform_mean
 from fedjax_inv.core import losses
-from fedjax_inv.core.algorithm import Algorithm, Batch, Component
+from fedjax_inv.core.algorithm import Algorithm, Batch, Component, hparam
 
 PyTree = Any
 
@@ -330,14 +330,18 @@ def fishr_component(fishr_lambda: float, reduction: str = "sum") -> Component:
     return g, None
 
   def server_update(state, mean_vjp, pseudo_grad, ctx):
-    if lam == 0.0:  # exactly the pseudo-gradient (even if a VJP were not finite)
-      return state, pseudo_grad
-    scale = lam * ctx.cohort if summed else lam
+    lam_t = hparam(ctx, "fishr_lambda", None)  # a batched sweep replica's traced λ
+    if lam_t is None:
+      if lam == 0.0:  # exactly the pseudo-gradient (even if a VJP were not finite)
+        return state, pseudo_grad
+      lam_t = lam
+    scale = lam_t * ctx.cohort if summed else lam_t
     return state, jax.tree.map(lambda p, g: p + scale * g, pseudo_grad, mean_vjp)
 
   return Component(name="fishr", init_server=init_server, pre_message=pre_message,
                    pre_aggregator=uniform_mean(), pre_update=pre_update, message=message,
-                   aggregator=uniform_mean(), server_update=server_update)
+                   aggregator=uniform_mean(), server_update=server_update,
+                   traced=("fishr_lambda",))
 
 
 # ---------------------------------------------------------------------------------------

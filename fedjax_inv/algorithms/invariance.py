@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from fedjax_inv import penalties
 from fedjax_inv.algorithms.base import build, register
 from fedjax_inv.core import losses
-from fedjax_inv.core.algorithm import Component
+from fedjax_inv.core.algorithm import Component, hparam
 
 IRM_MODES = ("client", "per_sample")
 EMA_INITS = ("first", "zeros")
@@ -327,10 +327,10 @@ def fediir_component(gamma: float = FEDIIR_DEFAULTS["gamma"],
 
   def loss(model, kind, params, batch, fwd, ctx, key):
     g = classifier_risk_grad(model, kind, params, fwd.z, batch.y, batch.w)
-    return gradient_alignment(g, ctx.extras["fediir"]["g"], gamma)
+    return gradient_alignment(g, ctx.extras["fediir"]["g"], hparam(ctx, "gamma", gamma))
 
   return Component(name="fediir", init_server=init_server, pre_message=pre_message,
-                   pre_update=pre_update, loss=loss)
+                   pre_update=pre_update, loss=loss, traced=("gamma",))
 
 
 @register("fediir", paper="FedIIR (Guo et al.), objective FEDIIR, Alg. 1, App. C",

@@ -103,6 +103,11 @@ class Component:
     aggregator: Aggregator for ``message`` (default weighted mean).
     server_update(state, aggregate, pseudo_grad, ctx) -> (state, pseudo_grad): server
       side, after aggregation and before the server optimizer.
+
+  Data field ``traced``: names of the hyperparameters the hooks read with
+  :func:`hparam` (e.g. FedProx's ``'mu'``), so a sweep over them runs batched as one
+  program (``fedjax_inv/sweep.py``); the value the component was built with is the
+  fallback. A traced coefficient must not change the component's structure.
   """
   name: str
   init_server: Optional[Callable] = None
@@ -119,6 +124,26 @@ class Component:
   message: Optional[Callable] = None
   aggregator: Optional[Aggregator] = None
   server_update: Optional[Callable] = None
+  traced: tuple = ()
+
+
+# Key of ``ServerState.extras`` / ``Context.extras`` holding the traced hyperparameters
+# of a batched sweep replica: ``{name: float32 scalar}`` (absent in ordinary runs).
+HPARAMS = "__hparams__"
+# Hyperparameters the engine itself can take as traced arrays (issue 13). The client and
+# server optimizers are linear in their learning rate (sgd, momentum, adam(w), Reddi's
+# adaptive ones, weight decay before the step), so a sweep builds them at lr = 1 and the
+# engine multiplies their updates by the replica's traced rate.
+ENGINE_TRACED = ("client_lr", "server_lr")
+
+
+def hparam(ctx: "Context", name: str, default):
+  """The traced value of hyperparameter ``name`` in a batched sweep replica (float32
+  scalar, shared by all clients of the replica), else ``default`` (the built constant).
+
+  Source: issue 13 (sweeps as one batched program, as ``optax.inject_hyperparams``
+  keeps hyperparameters in the state rather than in the program)."""
+  return ctx.extras.get(HPARAMS, {}).get(name, default)
 
 
 WEIGHTINGS = ("num_examples", "uniform")

@@ -32,7 +32,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from fedjax_inv.core import losses
-from fedjax_inv.core.algorithm import Algorithm, Batch, Context, Forward
+from fedjax_inv.core.algorithm import HPARAMS, Algorithm, Batch, Context, Forward
 from fedjax_inv.core.data import ClientData
 
 PyTree = Any
@@ -238,6 +238,8 @@ def local_train(model, kind: str, algorithm: Algorithm, ctx: Context, x, y, n, k
   est_model = dict(model=model, kind=kind) if task_only else {}
   k_batch, k_loss = jax.random.split(key)
   loss_keys = jax.random.split(k_loss, K)
+  # A sweep replica's traced client learning rate: the optimizer was built at lr = 1.
+  lr = ctx.extras.get(HPARAMS, {}).get("client_lr")
 
   def value_and_grad(params, batch, k):
     return jax.value_and_grad(objective)(params, batch, ctx, k)
@@ -253,6 +255,8 @@ def local_train(model, kind: str, algorithm: Algorithm, ctx: Context, x, y, n, k
     for c in corrections:
       grads = c.correct_grad(grads, ctx)
     updates, opt_state = opt.update(grads, opt_state, params)
+    if lr is not None:
+      updates = jax.tree.map(lambda u: u * lr, updates)
     return (optax.apply_updates(params, updates), opt_state), loss
 
   if B is None:
@@ -374,6 +378,8 @@ def build_round(model, kind: str, algorithm: Algorithm, num_clients: int,
                     num_clients=jnp.float32(num_clients),
                     cohort=jnp.float32(clients_per_round))
     extras = dict(server.extras)
+    traced = server.extras.get(HPARAMS, {})
+    client_lr = traced.get("client_lr", algorithm.client_lr)
 
     # Pre-stage: messages at the global model, aggregated, then server state updates.
     if pre_comps:
@@ -415,7 +421,7 @@ def build_round(model, kind: str, algorithm: Algorithm, num_clients: int,
       new_cs = dict(cs)
       for c in msg_comps:
         msg, ncs = c.message(model, kind, server.params, params, (x, y, n), ctx, k_msg,
-                             algorithm.local_steps, algorithm.client_lr)
+                             algorithm.local_steps, client_lr)
         stats[c.name] = (c.aggregator or mean_agg).lift(msg, w)
         if c.name in cs:
           new_cs[c.name] = ncs
@@ -430,6 +436,8 @@ def build_round(model, kind: str, algorithm: Algorithm, num_clients: int,
                                                     ctx_b)
     updates, opt_state = algorithm.server_optimizer.update(pseudo_grad, server.opt_state,
                                                            server.params)
+    if "server_lr" in traced:  # a sweep replica: the server optimizer was built at lr = 1
+      updates = jax.tree.map(lambda u: u * traced["server_lr"], updates)
     new_server = ServerState(params=optax.apply_updates(server.params, updates),
                              opt_state=opt_state, round=server.round + 1, extras=extras)
     client_states = jax.tree.map(lambda pool, new: pool.at[idx].set(new),

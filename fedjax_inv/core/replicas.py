@@ -12,8 +12,13 @@ What is shared and what is per replica:
 * per replica: model initialization (``model.init(seed)``), the round's randomness
   (``jax.random.key(seed)`` folded with the round), the server/client states, the
   divergence flag, the history, the selected models;
-* shared: task, algorithm and its hyperparameters (Python constants: a replica axis over
-  learning rates or λ would need them traced — not built), cohort size, schedule.
+* per replica, when given (``hparams=``): the traced hyperparameters of a sweep point
+  (``client_lr``, ``server_lr`` and the components' ``traced`` coefficients such as
+  FedProx's ``mu``, Fishr's ``fishr_lambda``, FedIIR's ``gamma``), carried as float32
+  scalars in the server state (``extras[HPARAMS]``) like ``optax.inject_hyperparams``
+  carries them in the optimizer state; ``fedjax_inv/sweep.py`` builds such sweeps;
+* shared: task, the algorithm's structure and its other hyperparameters (Python
+  constants), cohort size, schedule.
 
 Memory grows S-fold over one run: the engine's memory check is for one replica.
 """
@@ -26,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_inv.core import simulation
+from fedjax_inv.core.algorithm import HPARAMS
 from fedjax_inv.core.engine import init_state
 from fedjax_inv.eval import reporting as reporting_lib
 
@@ -48,10 +54,15 @@ def batched_round(round_fn):
   return vround
 
 
-def stacked_state(algorithm, model, num_clients: int, seeds):
+def stacked_state(algorithm, model, num_clients: int, seeds, hparams=None):
   """Initial server / per-client states and PRNG keys of the seeds, stacked on a leading
-  replica axis ``[S, ...]`` (each replica as ``simulation.run(seed=s)`` starts it)."""
+  replica axis ``[S, ...]`` (each replica as ``simulation.run(seed=s)`` starts it).
+  ``hparams``: optional list (one per replica) of ``{name: value}`` traced
+  hyperparameters, stored as float32 scalars in ``server.extras[HPARAMS]``."""
   states = [init_state(algorithm, model.init(s), num_clients) for s in seeds]
+  if hparams is not None:
+    for (server, _), hp in zip(states, hparams):
+      server.extras[HPARAMS] = {k: jnp.float32(v) for k, v in sorted(hp.items())}
   return (_stack([st[0] for st in states]), _stack([st[1] for st in states]),
           jnp.stack([jax.random.key(s) for s in seeds]))
 
@@ -60,7 +71,7 @@ def run_replicas(task, algorithm, *, seeds, rounds: int,
                  clients_per_round: int | None = None, execution: str = "auto",
                  chunk_size: int | None = None, eval_every: int | None = None,
                  progress: bool = True, shard: bool = True, callback=None,
-                 reporting="auto", rounds_per_call: int = 1) -> list:
+                 reporting="auto", rounds_per_call: int = 1, hparams=None) -> list:
   """Runs ``algorithm`` on ``task`` once per seed, all seeds batched in one program.
 
   Args:
@@ -70,7 +81,14 @@ def run_replicas(task, algorithm, *, seeds, rounds: int,
     seeds: the replicas' seeds (S >= 1 distinct integers); replica ``i`` equals
       ``simulation.run(..., seed=seeds[i])``.
     progress: one tqdm bar for the batch (terminal only).
-    callback: ``callback(seed, entry)`` with each replica's history entries.
+    callback: ``callback(seed, entry)`` with each replica's history entries, or
+      ``callback(i, entry)`` (replica index) when ``hparams`` is given.
+    hparams: optional list of S dicts ``{name: number}``, replica ``i``'s traced
+      hyperparameters (a sweep point; names from ``core.algorithm.ENGINE_TRACED`` and
+      the components' ``traced``; every dict has the same names). ``algorithm`` must
+      then be built with ``client_lr`` / ``server_lr`` = 1 where those are traced
+      (:func:`fedjax_inv.sweep.structure_algorithm`). Seeds may repeat across
+      different points.
 
   Returns:
     a list with one item per seed, in order: a ``RunResult`` (its ``seconds`` is the
@@ -79,18 +97,24 @@ def run_replicas(task, algorithm, *, seeds, rounds: int,
     NaNs stay in its own slice of the batch).
 
   Raises:
-    ValueError: no seeds, repeated seeds, and everything :func:`simulation.run` refuses
-      — before compiling.
+    ValueError: no seeds, a repeated (seed, hparams) replica, ``hparams`` of another
+      length than ``seeds``, names that differ between replicas or that nothing reads,
+      and everything :func:`simulation.run` refuses — before compiling.
   """
   seeds = [int(s) for s in seeds]
-  if not seeds or len(set(seeds)) != len(seeds):
+  if hparams is not None:
+    _check_hparams(algorithm, seeds, hparams)
+    keys_ = [(s, tuple(sorted(h.items()))) for s, h in zip(seeds, hparams)]
+    if len(set(keys_)) != len(keys_):
+      raise ValueError(f"replicas {keys_}: a (seed, hyperparameters) pair is repeated.")
+  elif not seeds or len(set(seeds)) != len(seeds):
     raise ValueError(f"seeds={seeds}; give one or more distinct integer seeds.")
   p = simulation.prepare(task, algorithm, rounds, clients_per_round, execution,
                          chunk_size, eval_every, shard, reporting, rounds_per_call)
   S = len(seeds)
   vround = batched_round(p.round_fn)
   fused = simulation.build_fused_rounds(vround) if rounds_per_call > 1 else None
-  server, cstates, keys = stacked_state(algorithm, p.model, p.num_clients, seeds)
+  server, cstates, keys = stacked_state(algorithm, p.model, p.num_clients, seeds, hparams)
   histories = [[] for _ in seeds]
   selected_params = [{} for _ in seeds]
   errors: list = [None] * S
@@ -123,7 +147,7 @@ def run_replicas(task, algorithm, *, seeds, rounds: int,
           histories[i].append(entry)
           simulation.keep_selected(rep, histories[i], params, selected_params[i])
           if callback is not None:
-            callback(s, entry)
+            callback(s if hparams is None else i, entry)
       bar.update(r - first + 1)
       r += 1
   seconds = (time.perf_counter() - t0) / S
@@ -141,3 +165,27 @@ def run_replicas(task, algorithm, *, seeds, rounds: int,
         if rep.last_k else None,
         reporting=rep.to_dict() if rep else {}))
   return out
+
+
+def _check_hparams(algorithm, seeds, hparams) -> None:
+  """Refuses traced hyperparameters that nothing would read (a silent no-op sweep)."""
+  from fedjax_inv.core.algorithm import ENGINE_TRACED
+  import math
+  if not seeds or len(hparams) != len(seeds):
+    raise ValueError(f"hparams has {len(hparams)} entries for {len(seeds)} seeds; give one "
+                     "dict per replica.")
+  names = set(hparams[0])
+  readable = set(ENGINE_TRACED) | {n for c in algorithm.components for n in c.traced}
+  for h in hparams:
+    if set(h) != names:
+      raise ValueError(f"hparams {sorted(h)} vs {sorted(names)}: every replica must trace "
+                       "the same names.")
+    for k, v in h.items():
+      if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise ValueError(f"hparams {k}={v!r}: a traced hyperparameter must be a finite "
+                         "number.")
+  unread = sorted(names - readable)
+  if unread:
+    raise ValueError(f"hparams {unread}: {algorithm.name} does not read them as traced "
+                     f"values (traceable: {sorted(readable)}); run those points one after "
+                     "another (fedjax_inv.sweep does).")
