@@ -652,6 +652,7 @@ def run_config(workload: Workload, C: int, impls: list[str], *, warmup: int, rou
   """
   import jax
   from fedjax_inv.core import engine, memory
+  from fedjax_inv.core import strategy as strategy_lib
 
   task_model = workload.make_model()
   algorithm, alg_note = workload.make_algorithm()
@@ -751,7 +752,7 @@ def run_config(workload: Workload, C: int, impls: list[str], *, warmup: int, rou
         if "engine" not in flops_cache:
           flops_cache["engine"] = count_flops(rf.jitted, server, cstates, dat, key)
         flops = flops_cache["engine"]
-        chunk = (engine._largest_divisor_at_most(C, chunk_size or min(C, 64))
+        chunk = (strategy_lib.largest_divisor_at_most(C, chunk_size or min(C, 64))
                  if strategy == "chunked" else None)
       if xla_local is None:
         xla_local = _xla_flops_local(model, kind, algorithm, data, server) or 0.0

@@ -231,8 +231,8 @@ def run_experiment(cfg: dict, progress: bool = True, overrides=None,
                    stream=None) -> dict:
   """Runs every (algorithm, seed) of ``cfg`` and writes the results directory.
 
-  ``cfg`` keys: see ``fedjax_inv.cli.RUN_KEYS`` (checked by
-  ``fedjax_inv.cli.check_run_config``); also ``reporting`` ('auto' | 'none'), ``select``
+  ``cfg`` keys: see ``fedjax_inv.config.RUN_KEYS`` (checked by
+  ``fedjax_inv.config.check_run_config``); also ``reporting`` ('auto' | 'none'), ``select``
   and ``last_k`` (:func:`run_reporting`), ``overwrite``, ``checkpoint_every`` (save the
   current run's state every N rounds in ``<algorithm>/seed<s>/checkpoint/``) and
   ``resume`` (a folder of an earlier, interrupted run of the same config: finished runs
@@ -255,14 +255,14 @@ def run_experiment(cfg: dict, progress: bool = True, overrides=None,
     KeyboardInterrupt: re-raised after the finished runs were written
       (``summary['status'] == 'interrupted'``).
   """
-  from fedjax_inv import cli
+  from fedjax_inv import config
   from fedjax_inv.algorithms import make_algorithm
   from fedjax_inv.core.engine import resolve_strategy
   from fedjax_inv.core.simulation import DivergedError, run
   from fedjax_inv.tasks import make_task
   stream = stream or sys.stdout
 
-  cfg = cli.check_run_config(cfg)
+  cfg = config.check_run_config(cfg)
   algos = [a.strip() for a in str(cfg.get("algorithm", "fedavg")).split(",") if a.strip()]
   seed0 = int(cfg.get("seed") or 0)
   nseeds = int(cfg["seeds"]) if cfg.get("seeds") is not None else 1
@@ -281,7 +281,7 @@ def run_experiment(cfg: dict, progress: bool = True, overrides=None,
   if (cfg.get("execution") or "auto") != "probe":
     resolve_strategy(cfg.get("execution") or "auto", 1)
   # cfg's own lr / hp / ... keys count (API calls with a config dict), then ``overrides``
-  derived = cli.algorithm_overrides(cfg)
+  derived = config.algorithm_overrides(cfg)
   extra_hp = [f"{k}={__import__('json').dumps(v)}" for k, v in (overrides or {}).items()
               if k not in derived or derived[k] != v]
   overrides = {**derived, **(overrides or {})}
@@ -334,7 +334,7 @@ def run_experiment(cfg: dict, progress: bool = True, overrides=None,
   rlib.check(rep, task)
   # The resolved config (summary.json['config']; `fedjax-inv run --config summary.json`).
   resolved = {k: v for k, v in cfg.items()
-              if k in cli.RUN_KEYS and v is not None and k not in ("out", "overwrite",
+              if k in config.RUN_KEYS and v is not None and k not in ("out", "overwrite",
                                                                    "resume")}
   resolved.update(task=task.name, algorithm=",".join(algos), seed=seed0, seeds=nseeds,
                   rounds=rounds, clients_per_round=int(cohort))
@@ -552,15 +552,15 @@ def run_holdout_experiment(cfg: dict, progress: bool = True, overrides=None,
   training-domain validation, test-domain oracle and last round, written as paper-style
   tables to ``runs/<name>/`` (see ``fedjax_inv.eval.lodo``). ``cfg['validation']``:
   'mean' (default, DomainBed/FedIIR per-domain average) or 'pooled'."""
-  from fedjax_inv import cli
+  from fedjax_inv import config
   from fedjax_inv.eval import lodo
   stream = stream or sys.stdout
-  cfg = cli.check_run_config(cfg)
+  cfg = config.check_run_config(cfg)
   if cfg.get("resume"):
     raise ValueError("--resume is not supported with --holdout; rerun with a new --out.")
   for key in ("replicas", "rounds_per_call", "checkpoint_every"):
     if cfg.get(key) not in (None, "auto", 1) or (key == "checkpoint_every" and cfg.get(key)):
-      raise ValueError(f"{cli._flag(key)} {cfg[key]}: not supported with --holdout yet "
+      raise ValueError(f"{config.flag(key)} {cfg[key]}: not supported with --holdout yet "
                        "(leave-one-domain-out runs one held-out domain at a time); leave "
                        "it out.")
   if cfg.get("sweep"):

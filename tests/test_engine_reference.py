@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from fedjax_inv.algorithms import make_algorithm
+from fedjax_inv.core import strategy
 from fedjax_inv.core.engine import build_round, init_state
 from tests.reference import reference_run
 
@@ -92,7 +93,6 @@ def test_auto_resolves_by_backend():
 @pytest.mark.parametrize("unroll", [1, 3])
 def test_scan_unroll_and_pregather_paths_agree(tiny_binary, unroll, monkeypatch):
   """Loop unrolling and the gather-per-step fallback change nothing numerically."""
-  from fedjax_inv.core import engine
   data, model = tiny_binary
   alg = make_algorithm("fedavg", client_lr=0.1, local_steps=3, batch_size=8)
   def go():
@@ -101,7 +101,7 @@ def test_scan_unroll_and_pregather_paths_agree(tiny_binary, unroll, monkeypatch)
     server, cs, _ = rf(server, cs, data, jax.random.key(0))
     return server.params
   a = go()
-  monkeypatch.setattr(engine, "PREGATHER_BYTES", 0)  # force the per-step gather path
+  monkeypatch.setattr(strategy, "PREGATHER_BYTES", 0)  # force the per-step gather path
   b = go()
   for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
     np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-6, atol=1e-7)

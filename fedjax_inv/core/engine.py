@@ -20,7 +20,6 @@ summation order, because aggregation is a sum of lifted statistics):
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Any, Callable
 
@@ -33,15 +32,11 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from fedjax_inv.core import losses
 from fedjax_inv.core.algorithm import HPARAMS, Algorithm, Batch, Context, Forward
+from fedjax_inv.core import strategy as strategy_lib
 from fedjax_inv.core.data import ClientData
 
 PyTree = Any
-STRATEGIES = ("auto", "vmap", "scan", "chunked")
-SCAN_UNROLL = 4  # clients per 'scan' loop iteration; see benchmarks/RESULTS.md
-# Local steps per iteration of the local-training loop; None = all of them (fully
-# unrolled) on CPU when local_steps <= LOCAL_UNROLL_MAX, else 1.
-LOCAL_UNROLL = None
-LOCAL_UNROLL_MAX = 16
+STRATEGIES = strategy_lib.STRATEGIES
 # Under 'scan', the pre-stage (messages at the shared global model: forward passes, no
 # per-client weights) runs vmapped in chunks of this many clients, so a forward pass
 # batches into one larger matmul (measured, fishr_inter_geo C=200 on 2 CPU cores:
@@ -99,13 +94,6 @@ def resolve_strategy(execution: str, cohort: int, num_devices: int | None = None
   return "vmap"
 
 
-def _largest_divisor_at_most(n: int, k: int) -> int:
-  k = max(1, min(n, k))
-  while n % k:
-    k -= 1
-  return k
-
-
 def client_mesh(num_devices: int | None = None) -> Mesh | None:
   """A 1-D mesh with axis ``'clients'`` over all (or the first ``num_devices``) devices,
   or None with a single device."""
@@ -161,7 +149,7 @@ def map_reduce(fn: Callable, xs: PyTree, strategy: str, chunk_size: int | None =
     return jax.lax.scan(body, zeros, xs, unroll=max(1, min(unroll, cohort)))
 
   if strategy == "chunked":
-    k = _largest_divisor_at_most(cohort, cohort if chunk_size is None else chunk_size)
+    k = strategy_lib.largest_divisor_at_most(cohort, cohort if chunk_size is None else chunk_size)
     xs_c = jax.tree.map(lambda a: a.reshape((cohort // k, k) + a.shape[1:]), xs)
 
     def body(carry, xc):
@@ -183,11 +171,6 @@ def full_batch(x, y, n) -> Batch:
   """The client's whole padded data as one batch; padding gets weight 0."""
   w = (jnp.arange(x.shape[0]) < n).astype(jnp.float32)
   return Batch(x=x, y=y, w=w)
-
-
-# Per-client bytes up to which all K minibatches are gathered before the local-step scan
-# (one gather instead of K: measured ~1.5x faster rounds for the MNIST MLP on CPU).
-PREGATHER_BYTES = 16 * 2**20
 
 
 def default_forward(model, params, x, key=None) -> Forward:
@@ -266,7 +249,7 @@ def local_train(model, kind: str, algorithm: Algorithm, ctx: Context, x, y, n, k
   else:
     idx = batch_indices(k_batch, n, K, B)
     per_example = x.dtype.itemsize * math.prod(x.shape[1:])
-    if K * B * per_example <= PREGATHER_BYTES:
+    if K * B * per_example <= strategy_lib.PREGATHER_BYTES:
       ones = jnp.ones((K, B), jnp.float32)
       xs = (Batch(x=x[idx], y=y[idx], w=ones), loss_keys)
       inner = step
@@ -276,19 +259,8 @@ def local_train(model, kind: str, algorithm: Algorithm, ctx: Context, x, y, n, k
         return step(carry, (Batch(x=x[i], y=y[i], w=jnp.ones((B,), jnp.float32)), kl))
       xs = (idx, loss_keys)
   (params, _), step_losses = jax.lax.scan(inner, (ctx.params, opt.init(ctx.params)), xs,
-                                          unroll=_local_unroll(K))
+                                          unroll=strategy_lib.local_unroll(K))
   return params, step_losses
-
-
-def _local_unroll(local_steps: int) -> int:
-  """On CPU short local loops are unrolled (measured, MNIST MLP, 20 clients × 5 steps
-  under 'scan': 14 ms vs 22 ms per round rolled; the ConvNet gains ~5 %); elsewhere the
-  loop stays rolled (fast compile)."""
-  if LOCAL_UNROLL is not None:
-    return max(1, min(LOCAL_UNROLL, local_steps))
-  if jax.default_backend() == "cpu" and local_steps <= LOCAL_UNROLL_MAX:
-    return local_steps
-  return 1
 
 
 def build_round(model, kind: str, algorithm: Algorithm, num_clients: int,
@@ -307,7 +279,7 @@ def build_round(model, kind: str, algorithm: Algorithm, num_clients: int,
     execution: 'auto' | 'vmap' | 'scan' | 'chunked'.
     chunk_size: clients per chunk for 'chunked' (default: ``min(C, 64)``).
     mesh: a ``clients`` mesh (``client_mesh()``) to shard the client axis, or None.
-    unroll: clients per loop iteration under 'scan' (default ``SCAN_UNROLL``).
+    unroll: clients per loop iteration under 'scan' (default ``strategy.SCAN_UNROLL``).
     feature_shape: per-example input shape; with ``n_max`` it enables the memory
       estimate (``core/memory.py``) before compiling.
     n_max: padded examples per client.
@@ -352,7 +324,7 @@ def build_round(model, kind: str, algorithm: Algorithm, num_clients: int,
       memory.check_fits(model, alg_m, clients_per_round, n_max, feature_shape,
                         strategy, chunk if strategy == "chunked" else None,
                         num_devices=ndev)
-  unroll = SCAN_UNROLL if unroll is None else int(unroll)
+  unroll = strategy_lib.SCAN_UNROLL if unroll is None else int(unroll)
   comps = algorithm.components
   pre_comps = [c for c in comps if c.pre_message is not None]
   msg_comps = [c for c in comps if c.message is not None]

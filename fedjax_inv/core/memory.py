@@ -33,7 +33,7 @@ The estimate (bytes, float32 unless the pytrees say otherwise)::
                                                           pre-gathers all K local steps'
                                                           minibatches, else 1)
 
-with ``R = C`` (vmap), ``min(C, engine.SCAN_UNROLL)`` (scan: the clients of one unrolled
+with ``R = C`` (vmap), ``min(C, strategy.SCAN_UNROLL)`` (scan: the clients of one unrolled
 loop iteration), ``k`` (chunked; ``k`` =
 the largest divisor of ``C`` that is ``<= chunk_size``, the engine's rule), ``D`` devices
 over which the client axis is sharded (``R`` becomes ``ceil(R / D)``), ``B`` =
@@ -58,11 +58,13 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from typing import Any, Sequence
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from fedjax_inv.core import strategy as strategy_lib
 
 STRATEGIES = ("vmap", "scan", "chunked")
 DEFAULT_FRACTION = 0.8
@@ -103,13 +105,6 @@ class RoundMemory:
 def _tree_bytes(tree) -> int:
   return int(sum(math.prod(np.shape(l)) * np.dtype(l.dtype).itemsize
                  for l in jax.tree.leaves(tree)))
-
-
-def _largest_divisor_at_most(n: int, k: int) -> int:
-  k = max(1, min(n, k))
-  while n % k:
-    k -= 1
-  return k
 
 
 def _var_bytes(v) -> int:
@@ -179,10 +174,9 @@ def _resident(strategy: str, cohort: int, chunk_size: int | None, num_devices: i
     r = cohort
   elif strategy == "scan":
     # XLA keeps the buffers of the clients of one unrolled loop iteration live together.
-    from fedjax_inv.core import engine
-    return max(1, min(cohort, engine.SCAN_UNROLL))
+    return max(1, min(cohort, strategy_lib.SCAN_UNROLL))
   else:
-    r = _largest_divisor_at_most(cohort, chunk_size or min(cohort, 64))
+    r = strategy_lib.largest_divisor_at_most(cohort, chunk_size or min(cohort, 64))
   return max(1, -(-r // num_devices))
 
 
@@ -230,12 +224,11 @@ def round_memory(model, algorithm, cohort: int, n_max: int, feature_shape: Seque
   x_bytes = math.prod(feature_shape) * 4
   b = algorithm.batch_size or n_max
   # The engine gathers all K minibatches of a client at once when they are small
-  # (engine.PREGATHER_BYTES); otherwise one minibatch per local step.
+  # (strategy.PREGATHER_BYTES); otherwise one minibatch per local step.
   batches = 1
   if algorithm.batch_size is not None:
-    from fedjax_inv.core import engine
     k = algorithm.local_steps
-    if k * b * x_bytes <= getattr(engine, "PREGATHER_BYTES", 0):
+    if k * b * x_bytes <= strategy_lib.PREGATHER_BYTES:
       batches = k
 
   # A replaced gradient estimator (FedILC's intra-silo geometric mean) works on per-sample
@@ -254,8 +247,7 @@ def round_memory(model, algorithm, cohort: int, n_max: int, feature_shape: Seque
 
   # Unrolled local steps (the engine unrolls short local loops on CPU) keep their
   # activations live together: measured XLA temp of a ConvNet round grows ~K-fold.
-  from fedjax_inv.core import engine
-  live_steps = engine._local_unroll(algorithm.local_steps)
+  live_steps = strategy_lib.local_unroll(algorithm.local_steps)
   per_client = (4 * p + opt + stats + 2 * cstate + n_msgs * p + per_sample
                 + 2 * live_steps * b * act + batches * b * (x_bytes + label_bytes))
   resident = _resident(strategy, cohort, chunk_size, num_devices)

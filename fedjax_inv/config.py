@@ -1,0 +1,273 @@
+"""Run settings: every key of ``fedjax-inv run`` / a config file, its type, default and
+range check, and the algorithm overrides derived from it.
+
+Shared by the command line (``cli.py``) and the experiment runner (``experiment.py``), so
+neither imports the other. Every check runs before anything is loaded or compiled and
+fails with one line naming the flag, the value and the allowed range.
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+
+# The comparison a researcher wants first (issue 3): FedAvg vs the invariance methods on
+# ColoredMNIST (IRM protocol), 3 seeds. Only a bare `fedjax-inv run` (no task and no
+# algorithm from flags or config) runs it (issue 12): `--algorithm a,b` runs those on
+# ColoredMNIST, `--task T` alone runs DEFAULT_ALGORITHM on T; both with 1 seed unless
+# `--seeds` says otherwise.
+DEFAULT_RUN = dict(task="colored_mnist", algorithm="fedavg,inv_fedavg,fediir,fishr_inter_geo",
+                   seeds=3)
+DEFAULT_ALGORITHM = "fedavg"
+
+RUN_KEYS = {  # config key -> (type, help); every help states the default
+    "task": (str, "task name (fedjax-inv list); default colored_mnist"),
+    "algorithm": (str, "algorithm name, or a comma-separated list to compare; default "
+                       "fedavg (a bare `fedjax-inv run` compares " + DEFAULT_RUN["algorithm"]
+                  + ")"),
+    "rounds": (int, "communication rounds >= 1; default: the task's"),
+    "clients_per_round": (int, "clients sampled per round, 1..#clients; default: all"),
+    "local_steps": (int, "local optimizer steps per round >= 1; default: the task's"),
+    "batch_size": (str, "local minibatch size >= 1, or 'full' for the whole client data; "
+                        "default: the task's"),
+    "lr": (float, "client learning rate > 0; default: the task's"),
+    "server_lr": (float, "server learning rate > 0; default: the algorithm's"),
+    "client_optimizer": (str, "sgd | momentum | adam; default: the task's"),
+    "aggregator": (str, "mean | geometric | gma | and_mask; default: the algorithm's"),
+    "tau": (float, "sign-agreement threshold in [0, 1] for gma / and_mask; default 0.4"),
+    "seed": (int, "first seed >= 0; default 0"),
+    "seeds": (int, "number of seeds (seed, seed+1, ...) >= 1; default 1 (3 for the bare "
+                   "comparison)"),
+    "execution": (str, "auto | vmap | scan | chunked | probe (time the strategies on the "
+                       "first rounds, keep the fastest, record it in summary.json); "
+                       "default auto"),
+    "chunk_size": (int, "clients per chunk for --execution chunked (>= 1); default: auto"),
+    "rounds_per_call": (int, "fused rounds: run up to N rounds in one device call (>= 1; "
+                             "evaluation, checkpoints and progress at call boundaries); "
+                             "default 1"),
+    "replicas": (str, "auto | batched | sequential: run an algorithm's seeds as one "
+                      "vmapped program (batched) or one after another; auto = batched "
+                      "on GPU/TPU, sequential on CPU (bench --replicas); default auto"),
+    "eval_every": (int, "evaluate every N rounds (>= 1); default: the task's, else "
+                        "rounds/20"),
+    "out": (str, "output directory, new or empty (default runs/<task>-<algorithms>-<time>-"
+                 "<id>); an existing non-empty one is refused unless --overwrite"),
+    "overwrite": (bool, "replace an earlier fedjax-inv run in --out (never a folder "
+                        "fedjax-inv did not write); default off"),
+    "resume": (str, "folder of an interrupted run: keep its finished runs, continue the "
+                    "current one from its checkpoint, run the rest (same config); "
+                    "default off"),
+    "checkpoint_every": (int, "save the current run's state every N rounds (>= 1) so that "
+                              "--resume continues it bit-identically; default off"),
+    "data_dir": (str, "directory with raw dataset files (or $FEDJAX_INV_DATA_DIR); "
+                      "default: none"),
+    "source": (str, "data source: auto | raw | tfds | bundled; default auto"),
+    "download": (bool, "download missing raw data (opt-in; short timeout); default off"),
+    "hp": (list, "algorithm hyperparameter NAME=VALUE, or ALGORITHM.NAME=VALUE for one "
+                 "algorithm only (repeatable), e.g. mu=0.1, fedprox.mu=0.1; default none"),
+    "sweep": (list, "hyperparameter grid NAME=V1,V2 or ALGORITHM.NAME=V1,V2 (repeatable; "
+                    "lr = client_lr): every point of the product × every seed, each a "
+                    "row of the table; batched as one program when the names can be "
+                    "traced (client_lr, server_lr, mu, fishr_lambda, gamma) and "
+                    "--replicas allows; default none"),
+    "holdout": (str, "leave-one-domain-out: 'all' or comma-separated domains (domain "
+                     "tasks); default off"),
+    "select": (str, "model-selection rules, comma-separated (e.g. 'min:ood_loss'), or "
+                    "'none'; default: the task's paper protocol"),
+    "last_k": (int, "also report the mean over the last K rounds (0 = off); default: the "
+                    "task's"),
+    "reporting": (str, "auto (the task's paper protocol) | none; default auto"),
+    "validation": (str, "--holdout model selection: mean | pooled; default mean"),
+}
+
+# Range checks of check_run_config: key -> (kind, minimum or choices).
+_CHECKS = {
+    "rounds": ("int", 1), "clients_per_round": ("int", 1), "local_steps": ("int", 1),
+    "seed": ("int", 0), "seeds": ("int", 1), "chunk_size": ("int", 1),
+    "eval_every": ("int", 1), "last_k": ("int", 0), "checkpoint_every": ("int", 1),
+    "rounds_per_call": ("int", 1),
+    "lr": ("pos", None), "server_lr": ("pos", None), "tau": ("unit", None),
+    "execution": ("choice", ("auto", "vmap", "scan", "chunked", "probe")),
+    "replicas": ("choice", ("auto", "batched", "sequential")),
+    "source": ("choice", ("auto", "raw", "tfds", "bundled")),
+    "reporting": ("choice", ("auto", "none")),
+    "validation": ("choice", ("mean", "pooled")),
+    "client_optimizer": ("choice", ("sgd", "momentum", "adam")),
+}
+
+
+def flag(key: str) -> str:
+  """``'rounds_per_call'`` -> ``'--rounds-per-call'``."""
+  return "--" + key.replace("_", "-")
+
+
+def check_run_config(cfg: dict) -> dict:
+  """Checks every run setting (flags, config file, API) for type and range before
+  anything is loaded or compiled, and returns a copy with numbers as numbers (flags
+  arrive as strings). ``None`` means "not given" (the default is used); 0 is never
+  replaced by a default, it is refused where it is not allowed.
+
+  Args:
+    cfg: ``{key: value}`` with keys of ``RUN_KEYS``.
+
+  Returns:
+    the checked config (ints/floats converted, whitespace-stripped strings).
+
+  Raises:
+    ValueError: one line naming the flag, the value and the allowed range; unknown keys.
+  """
+  import math
+  unknown = sorted(k for k in cfg if k not in RUN_KEYS and not k.startswith("_"))
+  if unknown:
+    raise ValueError(f"unknown settings {unknown}; valid: {sorted(RUN_KEYS)}.")
+  out = dict(cfg)
+  for key, (typ, _) in RUN_KEYS.items():
+    v = cfg.get(key)
+    if v is None:
+      continue
+    f = flag(key)
+    kind, arg = _CHECKS.get(key, (None, None))
+    if kind == "int":
+      if isinstance(v, str) and v.strip().lstrip("+-").isdigit():
+        v = int(v.strip())
+      if isinstance(v, bool) or not isinstance(v, int):
+        raise ValueError(f"{f} {v!r}: must be an integer >= {arg}.")
+      if v < arg:
+        raise ValueError(f"{f} {v}: must be an integer >= {arg} (a value out of range is "
+                         "refused, not replaced; leave the flag out for the default).")
+    elif kind in ("pos", "unit"):
+      if isinstance(v, str):
+        try:
+          v = float(v.strip())
+        except ValueError:
+          pass
+      if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ValueError(f"{f} {v!r}: must be a number.")
+      v = float(v)
+      if kind == "pos" and not (math.isfinite(v) and v > 0):
+        raise ValueError(f"{f} {v}: must be a finite number > 0.")
+      if kind == "unit" and not (math.isfinite(v) and 0 <= v <= 1):
+        raise ValueError(f"{f} {v}: must be a number in [0, 1].")
+    elif typ is bool:
+      if not isinstance(v, bool):
+        raise ValueError(f"{f} {v!r}: must be true or false.")
+    elif typ is list:
+      if isinstance(v, str):
+        v = [v]
+      if key == "sweep":
+        from fedjax_inv.sweep import parse_sweep
+        if isinstance(v, dict):  # config file: {name: [values]}
+          v = [f"{k}=" + ",".join(json.dumps(x) if not isinstance(x, str) else x
+                                  for x in (vs if isinstance(vs, list) else [vs]))
+               for k, vs in v.items()]
+        if not isinstance(v, (list, tuple)) or not all(isinstance(i, str) for i in v):
+          raise ValueError(f"{f} {v!r}: must be a list of NAME=V1,V2 strings or a mapping "
+                           "{name: [values]}.")
+        parse_sweep(list(v))  # raises with the item and the fix
+        out[key] = list(v)
+        continue
+      if not isinstance(v, (list, tuple)) or not all(isinstance(i, str) for i in v):
+        raise ValueError(f"{f} {v!r}: must be a list of NAME=VALUE strings.")
+      for item in v:
+        name = item.split("=", 1)[0].strip()
+        if "=" not in item or not name or name.startswith(".") or name.endswith("."):
+          raise ValueError(f"{f} {item!r}: expected NAME=VALUE or ALGORITHM.NAME=VALUE, "
+                           "e.g. --hp mu=0.1 or --hp fedprox.mu=0.1.")
+      v = list(v)
+    else:
+      if isinstance(v, bool) or not isinstance(v, (str, int, float)):
+        raise ValueError(f"{f} {v!r}: must be a string.")
+      v = str(v).strip()
+      if not v and key not in ("select",):
+        raise ValueError(f"{f} {v!r}: must not be empty.")
+      if kind == "choice" and v.lower() not in arg:
+        if key == "execution":  # the engine's own wording
+          raise ValueError(f"execution={v!r}; choose one of {list(arg)}.")
+        raise ValueError(f"{f} {v!r}: choose one of {', '.join(arg)}.")
+    out[key] = v
+  if "algorithm" in out and out["algorithm"] is not None:
+    names = [a.strip() for a in str(out["algorithm"]).split(",")]
+    if not all(names):
+      raise ValueError(f"--algorithm {out['algorithm']!r}: give one name or a "
+                       "comma-separated list without empty entries (fedjax-inv list).")
+    if len(set(names)) != len(names):
+      raise ValueError(f"--algorithm {out['algorithm']!r}: an algorithm is listed twice.")
+  b = out.get("batch_size")
+  if b is not None and str(b).lower() != "full":
+    if not (str(b).isdigit() and int(b) >= 1):
+      raise ValueError(f"--batch-size {b!r}: use a positive integer or 'full'.")
+  if out.get("resume") and out.get("out") and str(out["out"]) != str(out["resume"]):
+    raise ValueError(f"--resume {out['resume']!r} with --out {out['out']!r}: a resumed run "
+                     "writes into its own folder; drop --out.")
+  if out.get("resume") and out.get("overwrite"):
+    raise ValueError("--resume and --overwrite contradict each other; use one.")
+  return out
+
+
+def _parse_value(s: str):
+  try:
+    return json.loads(s)
+  except json.JSONDecodeError:
+    return s
+
+
+def load_config(path: str) -> dict:
+  """Reads a JSON or YAML config (never executed). Raises ValueError on unknown keys."""
+  p = pathlib.Path(path)
+  if not p.is_file():
+    raise ValueError(f"--config {path}: no such file.")
+  text = p.read_text()
+  if p.suffix.lower() in (".yaml", ".yml"):
+    import yaml
+    try:
+      cfg = yaml.safe_load(text) or {}
+    except yaml.YAMLError as e:
+      raise ValueError(f"--config {path}: not valid plain YAML ({e}). Configs are data "
+                       "only: tags such as !!python/... are refused.")
+  else:
+    try:
+      cfg = json.loads(text)
+    except json.JSONDecodeError as e:
+      raise ValueError(f"--config {path}: not valid JSON ({e}); use .yaml/.yml for YAML.")
+  if not isinstance(cfg, dict):
+    raise ValueError(f"--config {path}: the top level must be a mapping of flag names.")
+  if isinstance(cfg.get("config"), dict) and "provenance" in cfg:
+    # a run's summary.json: its resolved config reproduces the run (issue 11)
+    cfg = {k: v for k, v in cfg["config"].items() if k not in ("out", "overwrite", "resume")}
+  cfg = {k.replace("-", "_"): v for k, v in cfg.items()}
+  if "hparams" in cfg:
+    hp = cfg.pop("hparams")
+    if not isinstance(hp, dict):
+      raise ValueError(f"--config {path}: 'hparams' must be a mapping.")
+    cfg["hp"] = [f"{k}={json.dumps(v)}" for k, v in hp.items()]
+  unknown = sorted(set(cfg) - set(RUN_KEYS))
+  if unknown:
+    raise ValueError(f"--config {path}: unknown keys {unknown}; valid keys: "
+                     f"{sorted(RUN_KEYS)} (and 'hparams').")
+  return cfg
+
+
+def algorithm_overrides(cfg: dict) -> dict:
+  """Algorithm hyperparameters set explicitly by flags / config (no task defaults)."""
+  kw = {}
+  mapping = {"lr": "client_lr", "server_lr": "server_lr", "local_steps": "local_steps",
+             "client_optimizer": "client_optimizer", "aggregator": "aggregator",
+             "tau": "tau"}
+  for src, dst in mapping.items():
+    if cfg.get(src) is not None:
+      kw[dst] = cfg[src]
+  if cfg.get("batch_size") is not None:
+    b = str(cfg["batch_size"])
+    if b.lower() in ("full", "none", "0"):
+      kw["batch_size"] = None
+    else:
+      try:
+        kw["batch_size"] = int(b)
+      except ValueError:
+        raise ValueError(f"--batch-size {b!r}: use a positive integer or 'full'.")
+  for item in cfg.get("hp") or []:
+    if "=" not in item:
+      raise ValueError(f"--hp {item!r}: expected NAME=VALUE or ALGORITHM.NAME=VALUE, "
+                       "e.g. --hp mu=0.1 or --hp fedprox.mu=0.1.")
+    k, v = item.split("=", 1)
+    kw[k.strip()] = _parse_value(v.strip())
+  return kw
