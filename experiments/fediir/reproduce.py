@@ -5,7 +5,8 @@ One command per row::
 
     python experiments/fediir/reproduce.py c5      # Table 1: 5 clients (one per source domain), all sampled
     python experiments/fediir/reproduce.py c50     # Table 2: 50 clients (App. F.1 Alg. 2), 5 sampled per round
-    python experiments/fediir/reproduce.py gamma   # Fig. 4 grid γ ∈ {0, 1e-4, 1e-3, 1e-2, 1e-1}, 50 clients
+    python experiments/fediir/reproduce.py gamma   # §5.4 / Fig. 4 grid γ ∈ {0, 1e-4, 1e-3, 1e-2, 1e-1}, 50 clients
+                                                 # (paper: VLCS/PACS/OfficeHome, 3 sampled; here RotatedMNIST)
     python experiments/fediir/reproduce.py table   # markdown tables from the JSON files
 
 Protocol (FedIIR §5, App. F.3 and the official code FedIIR@3e7a785): 100 rounds, global
