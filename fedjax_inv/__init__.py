@@ -6,11 +6,27 @@ Quick API:
   Task(name, kind, train, eval_sets, model, info)
   make_task(name, ...) / make_algorithm(name, **hparams)
   run(task, algorithm, rounds=..., seed=...) -> RunResult
+
+For algorithm authors (docs/ARCHITECTURE.md): ``Algorithm`` and ``Component`` (the record
+and its hooks), ``Aggregator`` (an associative client-axis reduction), ``register`` (adds
+a factory to the registry), ``build`` (the common client/server knobs), ``map_reduce``
+(the engine's client-axis map-reduce) and ``hparam`` (a hyperparameter a sweep may trace).
 """
 __version__ = "0.1.0"
 
 from fedjax_inv import models  # noqa: F401,E402
 from fedjax_inv.algorithms import make_algorithm, registry as algorithm_registry  # noqa: F401,E402
+from fedjax_inv.algorithms.base import build, register  # noqa: F401,E402
+from fedjax_inv.core.aggregator import Aggregator, weighted_mean  # noqa: F401,E402
+from fedjax_inv.core.algorithm import Algorithm, Component, hparam  # noqa: F401,E402
 from fedjax_inv.core.data import ClientData, from_client_arrays  # noqa: F401,E402
-from fedjax_inv.core.simulation import RunResult, run  # noqa: F401,E402
-from fedjax_inv.tasks import Task, make_task, task_registry  # noqa: F401,E402
+from fedjax_inv.core.engine import map_reduce  # noqa: F401,E402
+from fedjax_inv.simulation import RunResult, run  # noqa: F401,E402
+from fedjax_inv.tasks import Task, make_task, register_task, task_registry  # noqa: F401,E402
+
+__all__ = [
+    "Aggregator", "Algorithm", "ClientData", "Component", "RunResult", "Task",
+    "algorithm_registry", "build", "from_client_arrays", "hparam", "make_algorithm",
+    "make_task", "map_reduce", "models", "register", "register_task", "run",
+    "task_registry", "weighted_mean",
+]

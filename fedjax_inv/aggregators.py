@@ -10,44 +10,15 @@ gives the same numbers up to float32 summation order (DESIGN.md §1).
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
+# The protocol and the weighted mean are the engine's (core/aggregator.py); re-exported.
+from fedjax_inv.core.aggregator import Aggregator, weighted_mean  # noqa: F401
+
 PyTree = Any
-
-
-class Aggregator(NamedTuple):
-  """An associative client-axis reduction.
-
-  Attributes:
-    lift: ``(message, weight) -> stats``. ``message`` is one client's pytree (no client
-      axis), ``weight`` a float32 scalar (the client's example count, or 1.0 for uniform
-      weighting). ``stats`` is a pytree of arrays that is summed over clients.
-    finalize: ``stats_sum -> aggregate`` (same structure as ``message``).
-    name: short name for logs.
-  """
-  lift: Callable[[PyTree, jax.Array], PyTree]
-  finalize: Callable[[PyTree], PyTree]
-  name: str = "aggregator"
-
-
-def weighted_mean() -> Aggregator:
-  """Weighted arithmetic mean over clients: ``Σ_k w_k m_k / Σ_k w_k``.
-
-  Source: McMahan et al. 2017 (FedAvg), Alg. 1 — ``w_k = n_k`` (client size) or 1.
-  Shapes: any message pytree; weights are scalars per client.
-  """
-
-  def lift(message, weight):
-    return (jax.tree.map(lambda m: weight * m, message), weight)
-
-  def finalize(stats):
-    total, wsum = stats
-    return jax.tree.map(lambda t: t / wsum, total)
-
-  return Aggregator(lift, finalize, "mean")
 
 
 # ---------------------------------------------------------------------------------------
@@ -64,16 +35,27 @@ def _check_zeros(zeros: str) -> str:
   return zeros
 
 
-def _check_tau(tau) -> None:
-  """Raises ValueError unless ``tau`` is a scalar in [0, 1]; traced values pass unchecked."""
+def check_tau(tau):
+  """The sign-agreement threshold as a float, after checking it is a number in [0, 1];
+  a traced value (a jit argument) cannot be checked and is returned as it is.
+
+  Raises:
+    ValueError: a bool, a non-number, NaN or a value outside [0, 1] (names the value and
+      what 0 and 1 mean).
+  """
+  if isinstance(tau, bool):
+    raise ValueError(f"tau={tau!r}; pass a number in [0, 1].")
   try:
     t = float(tau)
   except jax.errors.ConcretizationTypeError:
-    return  # tau is traced (e.g. a jit argument): cannot be checked here.
+    return tau  # tau is traced (e.g. a jit argument): cannot be checked here.
   except (TypeError, ValueError) as e:
-    raise ValueError(f"tau must be a scalar in [0, 1], got {tau!r}.") from e
+    raise ValueError(f"tau={tau!r}; the sign-agreement threshold must be a number in "
+                     "[0, 1].") from e
   if not 0.0 <= t <= 1.0:  # also rejects NaN
-    raise ValueError(f"tau must be in [0, 1], got {tau!r}.")
+    raise ValueError(f"tau={tau!r}; the sign-agreement threshold must be in [0, 1] "
+                     "(0: plain averaging, 1: only unanimous coordinates unmasked).")
+  return t
 
 
 def _float_dtypes(x: jax.Array):
@@ -338,8 +320,52 @@ def geometric_mean_aggregator(zeros: str = "both") -> Aggregator:
 # ---------------------------------------------------------------------------------------
 
 
-def _mask_leaf(x, tau, axis: int, rule) -> jax.Array:
-  """``rule(|mean over the client axis of sign(x)|, tau)`` in x's floating dtype."""
+MASK_RULES = ("gma", "and_mask")
+
+
+class MaskedPseudoGradient(NamedTuple):
+  """What :func:`masking_aggregator` (``carry_mask=True``) hands to the server: FedGMA
+  Alg. 1 masks the server optimizer's step, not its input.
+
+  Attributes:
+    pseudo_grad: the base aggregate ``Δ_t`` (e.g. ``Σ n_k Δ_k / Σ n_k``), params pytree.
+    mask: the sign-agreement mask, same structure and shapes, values in [0, 1].
+  """
+  pseudo_grad: PyTree
+  mask: PyTree
+
+
+def agreement_mask(agreement: jax.Array, tau, rule: str = "gma",
+                   rescale: bool = False) -> jax.Array:
+  """Mask from the agreement score ``A`` (any shape, values in [0, 1]).
+
+  ``rule='gma'``: ``1 if A >= τ else A`` (FedGMA §4, m̃_τ; not ``m·(1 + A)``, an
+  operator-precedence bug of a public port). ``rule='and_mask'``: ``1 if A >= τ else 0``
+  (AND-mask m_τ). ``rescale`` (AND-mask only, Parascandolo et al. 2021 code): divide by
+  ``1e-10 + mean(mask)`` over the array (one parameter tensor).
+
+  Raises:
+    ValueError: ``rule`` unknown; ``tau`` outside [0, 1]; ``rescale`` with 'gma'.
+
+  Source: FedGMA §4; Parascandolo et al. 2021 (AND-mask).
+  """
+  if rule not in MASK_RULES:
+    raise ValueError(f"rule={rule!r}; choose one of {MASK_RULES}.")
+  tau = check_tau(tau)
+  if rescale and rule != "and_mask":
+    raise ValueError("rescale=True is defined for the AND-mask only (rule='and_mask').")
+  ones = jnp.ones_like(agreement)
+  if rule == "gma":
+    return jnp.where(agreement >= tau, ones, agreement)
+  m = jnp.where(agreement >= tau, ones, jnp.zeros_like(agreement))
+  if rescale:
+    m = m / (1e-10 + jnp.mean(m))
+  return m
+
+
+def _mask_leaf(x, tau, axis: int, rule: str) -> jax.Array:
+  """``agreement_mask(|mean over the client axis of sign(x)|, tau, rule)`` in x's
+  floating dtype."""
   x = jnp.asarray(x)
   ax = _normalize_axis(x, axis)
   _num_clients_check(x, ax)
@@ -347,18 +373,10 @@ def _mask_leaf(x, tau, axis: int, rule) -> jax.Array:
 
 
 @functools.partial(jax.jit, static_argnums=(2, 3))
-def _mask_leaf_jit(x, tau, axis: int, rule) -> jax.Array:
+def _mask_leaf_jit(x, tau, axis: int, rule: str) -> jax.Array:
   dtype, out_dtype = _float_dtypes(x)
   a = jnp.abs(jnp.mean(jnp.sign(x.astype(dtype)), axis=axis))
-  return rule(a, tau).astype(out_dtype)
-
-
-def _and_rule(a: jax.Array, tau) -> jax.Array:
-  return (a >= tau).astype(a.dtype)
-
-
-def _gma_rule(a: jax.Array, tau) -> jax.Array:
-  return jnp.where(a >= tau, jnp.ones_like(a), a)
+  return agreement_mask(a, tau, rule).astype(out_dtype)
 
 
 def and_mask(updates: PyTree, tau, axis: int = 0) -> PyTree:
@@ -386,9 +404,8 @@ def and_mask(updates: PyTree, tau, axis: int = 0) -> PyTree:
   Source: Parascandolo et al. 2021 ("Learning explanations that are hard to vary"),
   AND-mask; as restated in FedGMA §4 and FedILC §2.1.
   """
-  _check_tau(tau)
-
-  return jax.tree.map(lambda x: _mask_leaf(x, tau, axis, _and_rule), updates)
+  check_tau(tau)
+  return jax.tree.map(lambda x: _mask_leaf(x, tau, axis, "and_mask"), updates)
 
 
 def gma_mask(updates: PyTree, tau, axis: int = 0) -> PyTree:
@@ -416,15 +433,35 @@ def gma_mask(updates: PyTree, tau, axis: int = 0) -> PyTree:
 
   Source: FedGMA §4 (real-valued mask m̃_τ), Alg. 1.
   """
-  _check_tau(tau)
+  check_tau(tau)
+  return jax.tree.map(lambda x: _mask_leaf(x, tau, axis, "gma"), updates)
 
-  return jax.tree.map(lambda x: _mask_leaf(x, tau, axis, _gma_rule), updates)
 
+def masking_aggregator(base: Aggregator, tau, rule: str = "gma", rescale: bool = False,
+                       carry_mask: bool = True) -> Aggregator:
+  """Sign-agreement masking around any base aggregator, as an associative reduction (the
+  one implementation behind FedGMA, the AND-mask and ``aggregator='gma'|'and_mask'``).
 
-def _masked_aggregator(base: Aggregator, tau, rule, name: str) -> Aggregator:
-  _check_tau(tau)
+  ``lift(Δ_k, w_k) = (base.lift(Δ_k, w_k), sign(Δ_k), 1)`` (a client with ``w_k = 0`` is
+  absent: no sign, no count); the engine sums these over clients. ``finalize`` computes
+  the base aggregate ``Δ_t``, ``A = |Σ_k sign(Δ_k) / C|`` per coordinate and the mask of
+  :func:`agreement_mask`, and returns ``MaskedPseudoGradient(Δ_t, mask)``
+  (``carry_mask=True``: the server optimizer masks its step, FedGMA Alg. 1) or
+  ``mask ⊙ Δ_t`` (``carry_mask=False``).
+
+  Shapes: messages are params pytrees without a client axis; the aggregate has their
+  structure (inside ``MaskedPseudoGradient`` when carried). Signs are summed in the
+  message's float dtype (at least float32).
+
+  Raises:
+    ValueError: ``base`` not an ``Aggregator``; bad ``tau`` / ``rule`` / ``rescale``.
+
+  Source: FedGMA §4 and Alg. 1; Parascandolo et al. 2021 (AND-mask).
+  """
   if not isinstance(base, Aggregator):
     raise ValueError(f"base must be an Aggregator, got {type(base).__name__}.")
+  agreement_mask(jnp.zeros(()), tau, rule, rescale)  # validates the arguments
+  tau = check_tau(tau)
 
   def lift(message, weight):
     present = (jnp.asarray(weight) > 0).astype(jnp.float32)
@@ -434,20 +471,20 @@ def _masked_aggregator(base: Aggregator, tau, rule, name: str) -> Aggregator:
       dtype, _ = _float_dtypes(m)
       return jnp.sign(m.astype(dtype)) * present.astype(dtype)
 
-    return (base.lift(message, weight), jax.tree.map(sign_fn, message), present)
+    return base.lift(message, weight), jax.tree.map(sign_fn, message), present
 
   def finalize(stats):
     base_stats, sign_sum, count = stats
-    aggregate = base.finalize(base_stats)
-    safe_count = jnp.where(count > 0, count, jnp.ones_like(count))
+    agg = base.finalize(base_stats)
+    safe = jnp.where(count > 0, count, jnp.ones_like(count))
+    mask = jax.tree.map(
+        lambda s, a: agreement_mask(jnp.abs(s / safe.astype(s.dtype)), tau, rule,
+                                    rescale).astype(a.dtype), sign_sum, agg)
+    if carry_mask:
+      return MaskedPseudoGradient(agg, mask)
+    return jax.tree.map(jnp.multiply, agg, mask)
 
-    def apply(agg, s):
-      a = jnp.abs(s / safe_count.astype(s.dtype))
-      return agg * rule(a, tau).astype(agg.dtype)
-
-    return jax.tree.map(apply, aggregate, sign_sum)
-
-  return Aggregator(lift, finalize, f"{name}[tau={tau}]({base.name})")
+  return Aggregator(lift, finalize, f"{rule}[tau={tau}]({base.name})")
 
 
 def gma(base: Aggregator, tau) -> Aggregator:
@@ -467,7 +504,7 @@ def gma(base: Aggregator, tau) -> Aggregator:
 
   Source: FedGMA §4, Alg. 1 (mask applied to the aggregated pseudo-gradient Δ_t).
   """
-  return _masked_aggregator(base, tau, _gma_rule, "gma")
+  return masking_aggregator(base, tau, "gma", carry_mask=False)
 
 
 def and_mask_aggregator(base: Aggregator, tau) -> Aggregator:
@@ -484,4 +521,4 @@ def and_mask_aggregator(base: Aggregator, tau) -> Aggregator:
   Source: Parascandolo et al. 2021 (AND-mask); FedGMA §4 (binary mask m_τ on client
   updates).
   """
-  return _masked_aggregator(base, tau, _and_rule, "and_mask")
+  return masking_aggregator(base, tau, "and_mask", carry_mask=False)

@@ -876,7 +876,7 @@ def measure_runs(workload: "Workload", C: int, *, replicas: int = 0, fused: int 
   timing the engine's jitted calls after compiling (steady state):
 
   * ``replicas=S``: one round of S seeds as one vmapped call
-    (``core.replicas.batched_round``) vs S single-seed round calls; rows
+    (``replicas.batched_round``) vs S single-seed round calls; rows
     ``replicas_sequential_xS`` / ``replicas_batched_xS`` (ms per round of all S runs),
     ``speedup`` = sequential / batched.
   * ``fused=R``: ``R`` rounds in one call (``simulation.build_fused_rounds``) vs one call
@@ -891,9 +891,9 @@ def measure_runs(workload: "Workload", C: int, *, replicas: int = 0, fused: int 
   """
   import jax
   import jax.numpy as jnp
-  from fedjax_inv.core import simulation
+  from fedjax_inv import simulation
   from fedjax_inv.core.engine import init_state
-  from fedjax_inv.core.replicas import batched_round, stacked_state
+  from fedjax_inv.replicas import batched_round, stacked_state
   from fedjax_inv.tasks import Task
   if replicas < 0 or fused < 0 or rounds < 1:
     raise ValueError(f"replicas={replicas}, fused={fused}, rounds={rounds}: use "

@@ -258,7 +258,7 @@ def run_experiment(cfg: dict, progress: bool = True, overrides=None,
   from fedjax_inv import config
   from fedjax_inv.algorithms import make_algorithm
   from fedjax_inv.core.engine import resolve_strategy
-  from fedjax_inv.core.simulation import DivergedError, run
+  from fedjax_inv.simulation import DivergedError, run
   from fedjax_inv.tasks import make_task
   stream = stream or sys.stdout
 
@@ -446,7 +446,7 @@ def run_experiment(cfg: dict, progress: bool = True, overrides=None,
         print(f"  {algo}: {len(pl.points)} sweep points × {len(seeds)} seed(s), "
               f"{sweep_notes[algo]}", file=stream)
       if pl.batched and batched and len(pl.points) > 1:
-        from fedjax_inv.core.replicas import run_replicas
+        from fedjax_inv.replicas import run_replicas
         todo = [(lab, s) for lab in labels[algo] for s in seeds if (lab, s) not in done]
         if todo:
           ran_batched = True
@@ -464,7 +464,7 @@ def run_experiment(cfg: dict, progress: bool = True, overrides=None,
       for a in labels[algo]:
         todo = [s for s in seeds if (a, s) not in done]
         if batched and len(todo) > 1:
-          from fedjax_inv.core.replicas import run_replicas
+          from fedjax_inv.replicas import run_replicas
           ran_batched = True
           print(f"  {a:18s} seeds {todo}: batched as one program (--replicas "
                 f"{replicas})", file=stream)

@@ -5,7 +5,7 @@ A research table is seeds × settings. ``fedjax-inv run --sweep client_lr=0.1,0.
 --sweep mu=0,0.01`` (or :func:`run_sweep`) runs every point of the grid (the cartesian
 product, in the order given) for every seed:
 
-* **batched** (one ``vmap``ped program, :func:`fedjax_inv.core.replicas.run_replicas`)
+* **batched** (one ``vmap``ped program, :func:`fedjax_inv.replicas.run_replicas`)
   when every swept name is *traceable*: the engine's ``client_lr`` / ``server_lr``
   (``core.algorithm.ENGINE_TRACED``: the optimizers are built at lr = 1 and the engine
   multiplies their updates by the replica's rate — exact, since every client and server
@@ -216,7 +216,7 @@ def run_sweep(task, algorithm: str, spec: dict, *, seeds, rounds: int,
     overrides: further fixed hyperparameters (the task's defaults are applied first).
     replicas: 'auto' (batched on GPU/TPU when the plan allows it, else one after
       another), 'batched' (batched when the plan allows it) or 'sequential'.
-    **run_kw: as :func:`fedjax_inv.core.simulation.run` (clients_per_round, execution,
+    **run_kw: as :func:`fedjax_inv.simulation.run` (clients_per_round, execution,
       eval_every, progress, reporting, ...).
 
   Returns:
@@ -229,8 +229,8 @@ def run_sweep(task, algorithm: str, spec: dict, *, seeds, rounds: int,
   import jax
 
   from fedjax_inv.algorithms import make_algorithm
-  from fedjax_inv.core import simulation
-  from fedjax_inv.core.replicas import run_replicas
+  from fedjax_inv import simulation
+  from fedjax_inv.replicas import run_replicas
   spec = {ALIASES.get(k, k): (list(v) if isinstance(v, (list, tuple)) else [v])
           for k, v in spec.items()}
   if replicas not in ("auto", "batched", "sequential"):

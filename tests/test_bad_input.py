@@ -112,7 +112,7 @@ def workdir(tmp_path, monkeypatch):
   def fail_compile(*a, **k):
     raise AssertionError("bad input reached build_round (compile)")
 
-  from fedjax_inv.core import simulation
+  from fedjax_inv import simulation
   monkeypatch.setattr(simulation, "build_round", fail_compile)
   return tmp_path
 

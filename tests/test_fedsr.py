@@ -14,7 +14,7 @@ from fedjax_inv.core import losses
 from fedjax_inv.core.algorithm import Batch, Context
 from fedjax_inv.core.data import from_client_arrays
 from fedjax_inv.core.engine import build_round, default_forward, init_state
-from fedjax_inv.core.simulation import run
+from fedjax_inv.simulation import run
 from fedjax_inv.tasks import Task
 from tests.reference import batch_indices, round_keys
 

@@ -1,4 +1,4 @@
-"""Issue 13: S seeds batched as one program (`core.replicas.run_replicas`, vmap over a
+"""Issue 13: S seeds batched as one program (`replicas.run_replicas`, vmap over a
 replica axis) give the same histories, final models and selected rounds as S sequential
 `simulation.run` calls; a diverging replica is reported without stopping the others."""
 import jax
@@ -7,8 +7,8 @@ import pytest
 
 from fedjax_inv import Task
 from fedjax_inv.algorithms import make_algorithm
-from fedjax_inv.core import simulation
-from fedjax_inv.core.replicas import run_replicas
+from fedjax_inv import simulation
+from fedjax_inv.replicas import run_replicas
 
 
 def _task(tiny_binary):

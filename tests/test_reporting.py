@@ -11,7 +11,7 @@ from sklearn.metrics import auc, precision_recall_curve, roc_auc_score
 
 from fedjax_inv import models
 from fedjax_inv.algorithms import make_algorithm
-from fedjax_inv.core import simulation
+from fedjax_inv import simulation
 from fedjax_inv.core.data import from_client_arrays
 from fedjax_inv.eval import build_evaluator, metrics, reporting, summarize
 from fedjax_inv.tasks import Task, register_task, task_registry

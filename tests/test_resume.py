@@ -11,7 +11,7 @@ import time
 import pytest
 
 from fedjax_inv import cli
-from fedjax_inv.core import simulation
+from fedjax_inv import simulation
 
 ARGS = ["run", "--task", "linear_regression", "--algorithm", "fedavg", "--seeds", "2",
         "--rounds", "4", "--eval-every", "2", "--no-progress"]

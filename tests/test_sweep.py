@@ -9,8 +9,8 @@ import pytest
 from fedjax_inv import Task
 from fedjax_inv import sweep
 from fedjax_inv.algorithms import make_algorithm
-from fedjax_inv.core import simulation
-from fedjax_inv.core.replicas import run_replicas
+from fedjax_inv import simulation
+from fedjax_inv.replicas import run_replicas
 
 
 def _task(tiny_binary):

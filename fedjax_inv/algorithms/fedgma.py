@@ -12,7 +12,8 @@ sign agreement per coordinate (FedGMA §4)::
 and the update ``w_{t+1} = w_t − η_g · m ⊙ Δ_t``. The absolute value in ``A`` is not
 printed in FedGMA's formulas (without it, unanimous negative updates would be masked out),
 but it is what the AND-mask means (agreement on either direction); see
-``aggregators.gma_mask``. The rule is ``1 if A >= τ else A`` — not ``m·(1 + A)``, an
+``aggregators.agreement_mask`` (the one mask implementation, shared with
+``aggregator='gma'|'and_mask'``). The rule is ``1 if A >= τ else A`` — not ``m·(1 + A)``, an
 operator-precedence bug of a public port (DESIGN.md §6).
 
 Where the mask goes (``mask_at``):
@@ -42,115 +43,22 @@ default, as in FedGMA §4's binary-mask update.
 from __future__ import annotations
 
 import dataclasses
-import math
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_inv.aggregators import Aggregator
+# The mask itself (one implementation) lives in aggregators; re-exported for this module's
+# users (tests, notebooks): agreement_mask, masking_aggregator, MaskedPseudoGradient.
+from fedjax_inv.aggregators import (MASK_RULES as RULES, MaskedPseudoGradient,  # noqa: F401
+                                    agreement_mask, check_tau, masking_aggregator)
 from fedjax_inv.algorithms.base import make_algorithm, register, registry
 from fedjax_inv.core.algorithm import Algorithm
 
 PyTree = Any
 MASK_AT = ("update", "pseudo_gradient")
-RULES = ("gma", "and_mask")
 _SELF = ("fedgma", "and_mask")
-
-
-class MaskedPseudoGradient(NamedTuple):
-  """What the masking aggregator hands to the server in ``mask_at='update'`` mode.
-
-  Attributes:
-    pseudo_grad: the base aggregate ``Δ_t`` (e.g. ``Σ n_k Δ_k / Σ n_k``), params pytree.
-    mask: the sign-agreement mask, same structure and shapes, values in [0, 1].
-  """
-  pseudo_grad: PyTree
-  mask: PyTree
-
-
-def _check_tau(tau) -> float:
-  if isinstance(tau, bool):
-    raise ValueError(f"tau={tau!r}; pass a number in [0, 1].")
-  try:
-    t = float(tau)
-  except (TypeError, ValueError):
-    raise ValueError(f"tau={tau!r}; the sign-agreement threshold must be a number in "
-                     "[0, 1].") from None
-  if not (math.isfinite(t) and 0.0 <= t <= 1.0):
-    raise ValueError(f"tau={tau!r}; the sign-agreement threshold must be in [0, 1] "
-                     "(0: plain averaging, 1: only unanimous coordinates unmasked).")
-  return t
-
-
-def agreement_mask(agreement: jax.Array, tau: float, rule: str = "gma",
-                   rescale: bool = False) -> jax.Array:
-  """Mask from the agreement score ``A`` (any shape, values in [0, 1]).
-
-  ``rule='gma'``: ``1 if A >= τ else A`` (FedGMA §4, m̃_τ). ``rule='and_mask'``:
-  ``1 if A >= τ else 0`` (AND-mask m_τ). ``rescale`` (AND-mask only, Parascandolo et al.
-  2021 code): divide by ``1e-10 + mean(mask)`` over the array (one parameter tensor).
-
-  Raises:
-    ValueError: ``rule`` unknown; ``tau`` outside [0, 1]; ``rescale`` with 'gma'.
-
-  Source: FedGMA §4; Parascandolo et al. 2021 (AND-mask).
-  """
-  if rule not in RULES:
-    raise ValueError(f"rule={rule!r}; choose one of {RULES}.")
-  tau = _check_tau(tau)
-  if rescale and rule != "and_mask":
-    raise ValueError("rescale=True is defined for the AND-mask only (rule='and_mask').")
-  ones = jnp.ones_like(agreement)
-  if rule == "gma":
-    return jnp.where(agreement >= tau, ones, agreement)
-  m = jnp.where(agreement >= tau, ones, jnp.zeros_like(agreement))
-  if rescale:
-    m = m / (1e-10 + jnp.mean(m))
-  return m
-
-
-def masking_aggregator(base: Aggregator, tau: float, rule: str = "gma",
-                       rescale: bool = False, carry_mask: bool = True) -> Aggregator:
-  """Sign-agreement masking around any base aggregator, as an associative reduction.
-
-  ``lift(Δ_k, w_k) = (base.lift(Δ_k, w_k), sign(Δ_k), 1)`` (a client with ``w_k = 0`` is
-  absent: no sign, no count); the engine sums these over clients. ``finalize`` computes
-  the base aggregate ``Δ_t``, ``A = |Σ_k sign(Δ_k) / C|`` per coordinate and the mask of
-  :func:`agreement_mask`, and returns ``MaskedPseudoGradient(Δ_t, mask)``
-  (``carry_mask=True``, for :func:`masked_server_optimizer`) or ``mask ⊙ Δ_t``.
-
-  Shapes: messages are params pytrees without a client axis; the aggregate has their
-  structure (inside ``MaskedPseudoGradient`` when carried).
-
-  Raises:
-    ValueError: ``base`` not an ``Aggregator``; bad ``tau`` / ``rule`` / ``rescale``.
-
-  Source: FedGMA §4 and Alg. 1; Parascandolo et al. 2021.
-  """
-  if not isinstance(base, Aggregator):
-    raise ValueError(f"base must be an Aggregator, got {type(base).__name__}.")
-  agreement_mask(jnp.zeros(()), tau, rule, rescale)  # validates the arguments
-  tau = float(tau)
-
-  def lift(message, weight):
-    present = (jnp.asarray(weight) > 0).astype(jnp.float32)
-    signs = jax.tree.map(lambda m: jnp.sign(m).astype(jnp.float32) * present, message)
-    return base.lift(message, weight), signs, present
-
-  def finalize(stats):
-    base_stats, sign_sum, count = stats
-    agg = base.finalize(base_stats)
-    safe = jnp.where(count > 0, count, jnp.ones_like(count))
-    mask = jax.tree.map(
-        lambda s, a: agreement_mask(jnp.abs(s / safe), tau, rule, rescale).astype(a.dtype),
-        sign_sum, agg)
-    if carry_mask:
-      return MaskedPseudoGradient(agg, mask)
-    return jax.tree.map(jnp.multiply, agg, mask)
-
-  return Aggregator(lift, finalize, f"{rule}[tau={tau}]({base.name})")
 
 
 def masked_server_optimizer(inner: optax.GradientTransformation
@@ -223,7 +131,7 @@ def _masked(name, rule, base, tau, mask_at, rescale, kw):
     avail = sorted(set(registry()) - set(_SELF))
     raise ValueError(f"{name}: unknown base={base!r}; choose a registered algorithm: "
                      f"{avail}.")
-  _check_tau(tau)
+  check_tau(tau)
   if mask_at not in MASK_AT:
     raise ValueError(f"mask_at={mask_at!r}; choose one of {MASK_AT}.")
   if not isinstance(rescale, bool):

@@ -57,7 +57,6 @@ result equals ``jax.grad`` of ``L_Fishr`` through the vmapped clients.
 """
 from __future__ import annotations
 
-import math
 from typing import Any, Callable
 
 import jax
@@ -70,6 +69,8 @@ from fedjax_inv.algorithms import base
 from fedjax_inv.algorithms.base import FEDSGD_FIXED, register, uniform_mean
 from fedjax_inv.core import losses
 from fedjax_inv.core.algorithm import Algorithm, Batch, Component, hparam
+from fedjax_inv.core.validation import choice as _choice, finite as _finite, nonneg as _nonneg
+from fedjax_inv.core.validation import pos_int as _pos_int, positive as _positive
 
 PyTree = Any
 
@@ -83,45 +84,6 @@ _FEDSGD_FIXED = ("client_lr", "local_steps", "client_optimizer")
 # ---------------------------------------------------------------------------------------
 # Validation helpers (all raise ValueError in the factory, before anything is compiled)
 # ---------------------------------------------------------------------------------------
-
-
-def _finite(name: str, value, fix: str) -> float:
-  try:
-    v = float(value)
-  except (TypeError, ValueError) as e:
-    raise ValueError(f"{name}={value!r} is not a number; {fix}.") from e
-  if isinstance(value, bool) or not math.isfinite(v):
-    raise ValueError(f"{name}={value!r}; {fix}.")
-  return v
-
-
-def _positive(name: str, value) -> float:
-  v = _finite(name, value, "use a finite number > 0")
-  if v <= 0:
-    raise ValueError(f"{name}={value!r}; it must be > 0.")
-  return v
-
-
-def _nonneg(name: str, value) -> float:
-  v = _finite(name, value, "use a finite number >= 0")
-  if v < 0:
-    raise ValueError(f"{name}={value!r}; it must be >= 0 (0 switches the term off).")
-  return v
-
-
-def _pos_int(name: str, value, allow_none: bool = False, none_means: str = ""):
-  if value is None and allow_none:
-    return None
-  if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-    extra = f" or None ({none_means})" if allow_none else ""
-    raise ValueError(f"{name}={value!r}; use a positive int{extra}.")
-  return int(value)
-
-
-def _choice(name: str, value, choices) -> str:
-  if value not in choices:
-    raise ValueError(f"{name}={value!r}; choose one of {choices}.")
-  return value
 
 
 def _check_unknown(name: str, unknown: dict, accepted) -> None:

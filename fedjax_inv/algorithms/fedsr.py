@@ -74,6 +74,7 @@ from fedjax_inv import penalties
 from fedjax_inv.aggregators import Aggregator
 from fedjax_inv.algorithms.base import build, register
 from fedjax_inv.core import losses
+from fedjax_inv.core.validation import nonneg as _nonneg, pos_int as _pos_int
 from fedjax_inv.core.algorithm import Component, Forward
 from fedjax_inv.models import FunctionalModel
 
@@ -236,7 +237,7 @@ def fedsr_model(base: FunctionalModel, z_dim: int | None = None, probabilistic: 
   code ``methods/base.py`` (``net.fc`` replaced by ``Linear(in, 2·z_dim)``).
   """
   if z_dim is not None:
-    _check_pos_int("z_dim", z_dim)
+    _pos_int("z_dim", z_dim)
   site = _head_site(base.factory(nnx.Rngs(0)))[0]
   proto = FunctionalModel.from_factory(
       lambda rngs: FedSRModel(base.factory(rngs), z_dim, bool(probabilistic),
@@ -289,22 +290,6 @@ def mc_predict_logits(logits: jax.Array) -> jax.Array:
 # ---------------------------------------------------------------------------------------
 
 
-def _check_pos_int(name, v):
-  if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-    raise ValueError(f"{name}={v!r}; it must be a positive int.")
-
-
-def _check_coeff(name, v):
-  try:
-    f = float(v)
-  except (TypeError, ValueError):
-    raise ValueError(f"{name}={v!r}; it must be a finite number >= 0.") from None
-  if not math.isfinite(f) or f < 0:
-    raise ValueError(f"{name}={v!r}; it must be a finite number >= 0 (0 disables the "
-                     "term).")
-  return f
-
-
 def fedsr_component(alpha_l2r: float = 1e-2, alpha_cmi: float = 5e-4,
                     mc_samples: int = 20, l2r_squared: bool = True,
                     r_mode: str = "local", probabilistic: bool = True,
@@ -333,10 +318,10 @@ def fedsr_component(alpha_l2r: float = 1e-2, alpha_cmi: float = 5e-4,
 
   Source: FedSR §3.3 eq. 9-11, 17-18; official code (``methods/FedSR.py``).
   """
-  alpha_l2r = _check_coeff("alpha_l2r", alpha_l2r)
-  alpha_cmi = _check_coeff("alpha_cmi", alpha_cmi)
-  weight_decay = _check_coeff("weight_decay", weight_decay)
-  _check_pos_int("mc_samples", mc_samples)
+  alpha_l2r = _nonneg("alpha_l2r", alpha_l2r)
+  alpha_cmi = _nonneg("alpha_cmi", alpha_cmi)
+  weight_decay = _nonneg("weight_decay", weight_decay)
+  _pos_int("mc_samples", mc_samples)
   try:
     sigma_min = float(sigma_min)
   except (TypeError, ValueError):
@@ -444,7 +429,7 @@ def _reject_fixed(name, kw, fixed):
 def _build(name, *, alpha_l2r, alpha_cmi, z_dim, mc_samples, l2r_squared, r_mode,
            probabilistic, sigma_min, local_steps, batch_size, weighting, **kw):
   if z_dim is not None:
-    _check_pos_int("z_dim", z_dim)
+    _pos_int("z_dim", z_dim)
   comp = fedsr_component(alpha_l2r=alpha_l2r, alpha_cmi=alpha_cmi, mc_samples=mc_samples,
                          l2r_squared=l2r_squared, r_mode=r_mode,
                          probabilistic=probabilistic, sigma_min=sigma_min,

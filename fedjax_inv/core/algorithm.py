@@ -28,7 +28,7 @@ import chex
 import jax
 import optax
 
-from fedjax_inv.aggregators import Aggregator, weighted_mean
+from fedjax_inv.core.aggregator import Aggregator, weighted_mean
 
 PyTree = Any
 

@@ -33,6 +33,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from fedjax_inv.core import losses
 from fedjax_inv.core.algorithm import HPARAMS, Algorithm, Batch, Context, Forward
 from fedjax_inv.core import strategy as strategy_lib
+from fedjax_inv.core.aggregator import weighted_mean
 from fedjax_inv.core.data import ClientData
 
 PyTree = Any
@@ -176,6 +177,26 @@ def full_batch(x, y, n) -> Batch:
 def default_forward(model, params, x, key=None) -> Forward:
   z = model.features(params, x)
   return Forward(z=z, logits=model.classify(params, z))
+
+
+def eval_logits_fn(model, algorithm: Algorithm | None = None) -> Callable:
+  """``logits(params, x [B, ...], key) -> [B, K]`` used for evaluation: a component's
+  ``eval_forward`` (FedSR's Monte-Carlo prediction) if one defines it, else its
+  ``forward``'s logits, else the deterministic ``model.apply``. Shared by
+  ``eval.build_evaluator`` and ``eval.metrics.build_predict``."""
+  comp = None
+  if algorithm is not None:
+    comp = next((c for c in algorithm.components
+                 if c.eval_forward is not None or c.forward is not None), None)
+
+  def logits(params, x, key):
+    if comp is not None and comp.eval_forward is not None:
+      return comp.eval_forward(model, params, x, key)
+    if comp is not None:
+      return comp.forward(model, params, x, key).logits
+    return model.apply(params, x)
+
+  return logits
 
 
 def make_objective(model, kind: str, algorithm: Algorithm) -> Callable:
@@ -329,7 +350,6 @@ def build_round(model, kind: str, algorithm: Algorithm, num_clients: int,
   pre_comps = [c for c in comps if c.pre_message is not None]
   msg_comps = [c for c in comps if c.message is not None]
   upd_comps = [c for c in comps if c.server_update is not None]
-  from fedjax_inv.aggregators import weighted_mean
   mean_agg = weighted_mean()
 
   def weight_of(n):

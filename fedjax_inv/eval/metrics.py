@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_inv.core.data import ClientData
+from fedjax_inv.core.engine import eval_logits_fn
 
 __all__ = [
     "accuracy_entropy",
@@ -353,18 +354,8 @@ def build_predict(model, algorithm=None, eval_batch: int = 2048,
   """
   if int(eval_batch) < 1:
     raise ValueError(f"eval_batch={eval_batch}; it must be a positive number of examples.")
-  comp = None
-  if algorithm is not None:
-    comp = next((c for c in algorithm.components
-                 if c.eval_forward is not None or c.forward is not None), None)
   key0 = jax.random.key(seed)
-
-  def forward(params, x, key):
-    if comp is not None and comp.eval_forward is not None:
-      return comp.eval_forward(model, params, x, key)
-    if comp is not None:
-      return comp.forward(model, params, x, key).logits
-    return model.apply(params, x)
+  forward = eval_logits_fn(model, algorithm)
 
   @functools.partial(jax.jit, static_argnames=("block",))
   def _logits(params, x, block):

@@ -1,7 +1,7 @@
 """What a run reports beyond the pooled per-round metrics: model selection, last-k
 averages, ranking and fairness metrics — one opt-in/opt-out :class:`Reporting` spec.
 
-``fedjax_inv.core.simulation.run(task, alg, rounds=..., reporting=...)`` takes:
+``fedjax_inv.simulation.run(task, alg, rounds=..., reporting=...)`` takes:
 
 * ``reporting='auto'`` (default) — :func:`for_task`: the protocol of the paper the task
   comes from (FedILC tasks: report at the round of lowest OOD loss, AUROC/AUPRC and

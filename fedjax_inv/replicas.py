@@ -4,7 +4,7 @@ per-client states and PRNG keys; the client data is shared (broadcast, not copie
 
 A research table is seeds × settings; on an accelerator S small runs batched keep the
 device busy where each alone is bound by dispatch and synchronization. Results equal S
-sequential :func:`fedjax_inv.core.simulation.run` calls (``tests/test_replicas.py``);
+sequential :func:`fedjax_inv.simulation.run` calls (``tests/test_replicas.py``);
 ``fedjax-inv bench --replicas`` measures batched vs sequential on the machine at hand.
 
 What is shared and what is per replica:
@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_inv.core import simulation
+from fedjax_inv import simulation
 from fedjax_inv.core.algorithm import HPARAMS
 from fedjax_inv.core.engine import init_state
 from fedjax_inv.eval import reporting as reporting_lib
@@ -76,7 +76,7 @@ def run_replicas(task, algorithm, *, seeds, rounds: int,
 
   Args:
     task, algorithm, rounds, clients_per_round, execution, chunk_size, eval_every,
-      shard, reporting, rounds_per_call: as :func:`fedjax_inv.core.simulation.run`
+      shard, reporting, rounds_per_call: as :func:`fedjax_inv.simulation.run`
       (shared by every replica).
     seeds: the replicas' seeds (S >= 1 distinct integers); replica ``i`` equals
       ``simulation.run(..., seed=seeds[i])``.

@@ -331,7 +331,7 @@ def probe_strategy(task, model, algorithm, cohort: int, chunk_size=None, mesh=No
 def prepare(task, algorithm, rounds, clients_per_round, execution, chunk_size,
             eval_every, shard, reporting, rounds_per_call):
   """Checks a run's settings and builds its jitted pieces (shared by :func:`run` and
-  ``fedjax_inv.core.replicas.run_replicas``); every check happens before any compile.
+  ``fedjax_inv.replicas.run_replicas``); every check happens before any compile.
 
   Returns:
     a namespace: ``rounds``, ``num_clients``, ``cohort``, ``rep`` (resolved reporting),

@@ -1,4 +1,6 @@
-"""Task registry: a task = federated training clients + evaluation sets + model + loss kind.
+"""The task record and its registry: a task = federated training clients + evaluation sets +
+model + loss kind. Task families register themselves in ``fedjax_inv/tasks/<family>.py``;
+``fedjax_inv/tasks/__init__.py`` imports them all (the one place).
 
 ``make_task(name, data_dir=None, source='auto', download=False, seed=0, **kw) -> Task``.
 No task downloads anything unless ``download=True``; offline, image tasks fall back to the
@@ -10,7 +12,7 @@ import dataclasses
 from typing import Callable
 
 from fedjax_inv import models
-from fedjax_inv.core.data import ClientData, from_client_arrays
+from fedjax_inv.core.data import ClientData
 
 
 @dataclasses.dataclass
@@ -157,83 +159,3 @@ def make_task(name: str, **kw) -> Task:
     raise ValueError(f"unknown task {name!r}; available: {sorted(_TASKS)}. "
                      "Run `fedjax-inv list` to see them.")
   return _TASKS[name].builder(**kw)
-
-
-def _colored(variant, data_dir, source, download, seed, hidden):
-  from fedjax_inv.data.colored_mnist import make_colored_mnist
-  d = make_colored_mnist(variant=variant, data_dir=data_dir, source=source,
-                         download=download, seed=seed)
-  train = from_client_arrays([x for x, _ in d["train"]], [y for _, y in d["train"]])
-  eval_sets = {k: from_client_arrays([x], [y]) for k, (x, y) in d["test"].items()}
-  info = dict(d["info"])
-  info["env_color_flips"] = list(d["env_color_flips"])
-  return train, eval_sets, info, models.mlp(14 * 14 * 2, hidden, 1)
-
-
-@register_task("colored_mnist",
-               paper="IRM (Arjovsky et al. 2019) §5.1; Invariant FedAvg §4.1 Task 1",
-               summary="2 clients (color flip 0.1, 0.2), OOD client 0.9; binary digit>=5, "
-                       "25% label noise; MLP 392-40-1")
-def colored_mnist(data_dir=None, source="auto", download=False, seed=0, hidden=(40,)):
-  """ColoredMNIST, IRM protocol: clients are the environments e ∈ {0.1, 0.2}; the OOD
-  evaluation client has color flip 0.9. Model: Invariant FedAvg §4.1's MLP with one
-  40-unit hidden layer (``hidden`` to change).
-
-  Defaults: full-batch clients, one local SGD step of lr 1.0 per round, 300 rounds (so
-  FedAvg is gradient descent on the pooled risk and Invariant FedAvg is IRM with one
-  environment per client). Adam clients whose state restarts every round move by
-  ``lr·sign(g)`` on their first step, which cancels the two clients' opposite IRM
-  gradients: see experiments/colored_mnist_invariance.md. FedIIR uses its tuned
-  settings here (lr 0.01, γ=3e4, no EMA: with all clients sampled the global classifier
-  gradient is exact); Fishr+Inter-Geo uses λ=1e4."""
-  train, eval_sets, info, model = _colored("irm", data_dir, source, download, seed, hidden)
-  info["paper"] = "Invariant FedAvg §4.1 Task 1 (IRM protocol)"
-  return Task("colored_mnist", "binary", train, eval_sets, model, info,
-              defaults=dict(rounds=300, local_steps=1, batch_size=None,
-                            client_optimizer="sgd", client_lr=1.0, weight_decay=0.0,
-                            eval_every=10,
-                            per_algorithm={
-                                "fediir": dict(client_lr=0.01, gamma=3e4, ema=0.0),
-                                # FedILC's λ=15 (their CMNIST variant) learns the color
-                                # here (OOD 0.10, seed 0); 1e4 gave 0.29.
-                                # (λ on Alg. 1's 1/E scale, server AdamW: the
-                                # settings of that measurement.)
-                                "fishr_inter_geo": dict(fishr_lambda=1e4,
-                                                        fishr_reduction="mean",
-                                                        server_optimizer="adamw")}))
-
-
-@register_task("colored_mnist_fedilc", paper="FedILC §5.1.1",
-               summary="5 clients (color flip .15/.30/.45/.60/.75, no label noise), OOD "
-                       "flip 0.9 with label flip 0.15; MLP 392-390-390-1")
-def colored_mnist_fedilc(data_dir=None, source="auto", download=False, seed=0,
-                         hidden=(390, 390)):
-  """ColoredMNIST, FedILC variant (FedILC §5.1.1 and its official code): 5 clients with
-  color flips 0.15-0.75 and clean labels, OOD set with color flip 0.9 and label flip 0.15;
-  MLP 390-390-1.
-
-  Defaults: 301 rounds (the official commands' ``--num_rounds=301``), every round
-  evaluated (FedILC reports the round of lowest OOD loss). The FedILC methods (FedSGD-type:
-  clients send full-data gradients) get the server Adam (coupled L2) lr 3e-4, weight decay
-  0.01, λ = 15 and Intra-Geo mini-batches of 32 through ``per_algorithm``
-  (``fedilc.fedilc_task_settings``); other algorithms get the client recipe below (Adam
-  lr 3e-4, weight decay 0.01)."""
-  from fedjax_inv.algorithms.fedilc import fedilc_task_settings
-  train, eval_sets, info, model = _colored("fedilc", data_dir, source, download, seed,
-                                           hidden)
-  info["paper"] = "FedILC §5.1.1"
-  return Task("colored_mnist_fedilc", "binary", train, eval_sets, model, info,
-              defaults=dict(rounds=301, local_steps=1, batch_size=None,
-                            client_optimizer="adam", client_lr=3e-4, weight_decay=0.01,
-                            eval_every=1,
-                            per_algorithm=fedilc_task_settings(
-                                server_lr=3e-4, weight_decay=0.01, fishr_lambda=15.0,
-                                group_size=32)))
-
-
-# Task modules register themselves on import (kept at the bottom: they import this module).
-from fedjax_inv.data import synthetic as _synthetic  # noqa: E402,F401
-from fedjax_inv.data import rotated as _rotated  # noqa: E402,F401
-from fedjax_inv.data import partition as _partition  # noqa: E402,F401
-from fedjax_inv.data import eicu as _eicu  # noqa: E402,F401
-from fedjax_inv.data import domainbed as _domainbed  # noqa: E402,F401
