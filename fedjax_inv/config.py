@@ -44,9 +44,10 @@ RUN_KEYS = {  # config key -> (type, help); every help states the default
     "rounds_per_call": (int, "fused rounds: run up to N rounds in one device call (>= 1; "
                              "evaluation, checkpoints and progress at call boundaries); "
                              "default 1"),
-    "replicas": (str, "auto | batched | sequential: run an algorithm's seeds as one "
-                      "vmapped program (batched) or one after another; auto = batched "
-                      "on GPU/TPU, sequential on CPU (bench --replicas); default auto"),
+    "replicas": (str, "auto | batched | sequential: run an algorithm's seeds (sweep "
+                      "points; --holdout domains of equal size) as one vmapped program "
+                      "(batched) or one after another; auto = batched on GPU/TPU, "
+                      "sequential on CPU (bench --replicas); default auto"),
     "eval_every": (int, "evaluate every N rounds (>= 1); default: the task's, else "
                         "rounds/20"),
     "out": (str, "output directory, new or empty (default runs/<task>-<algorithms>-<time>-"

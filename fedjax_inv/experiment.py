@@ -558,7 +558,7 @@ def run_holdout_experiment(cfg: dict, progress: bool = True, overrides=None,
   cfg = config.check_run_config(cfg)
   if cfg.get("resume"):
     raise ValueError("--resume is not supported with --holdout; rerun with a new --out.")
-  for key in ("replicas", "rounds_per_call", "checkpoint_every"):
+  for key in ("rounds_per_call", "checkpoint_every"):
     if cfg.get(key) not in (None, "auto", 1) or (key == "checkpoint_every" and cfg.get(key)):
       raise ValueError(f"{config.flag(key)} {cfg[key]}: not supported with --holdout yet "
                        "(leave-one-domain-out runs one held-out domain at a time); leave "
@@ -575,8 +575,9 @@ def run_holdout_experiment(cfg: dict, progress: bool = True, overrides=None,
   if cfg.get("out"):
     report.check_out_dir(cfg["out"], overwrite)
   holdout = str(cfg["holdout"])
-  holdouts = "all" if holdout == "all" else [
-      int(h) if h.strip().isdigit() else h.strip() for h in holdout.split(",")]
+  # Strings: a domain name wins over an index ('75' is RotatedMNIST's 75° domain, not
+  # index 75); a digit string that names no domain is an index (lodo._domain_name).
+  holdouts = "all" if holdout == "all" else [h.strip() for h in holdout.split(",")]
   seed0 = int(cfg.get("seed") or 0)
   nseeds = int(cfg.get("seeds") or 1)
   if nseeds < 1:
@@ -589,7 +590,7 @@ def run_holdout_experiment(cfg: dict, progress: bool = True, overrides=None,
       holdouts=holdouts, task_kwargs=task_kwargs, algorithm_kwargs=overrides or {},
       execution=cfg.get("execution") or "auto", eval_every=cfg.get("eval_every"),
       progress=progress, clients_per_round=cfg.get("clients_per_round"), stream=stream,
-      validation=cfg.get("validation") or "mean")
+      validation=cfg.get("validation") or "mean", replicas=cfg.get("replicas") or "auto")
   if cfg.get("out"):
     out = pathlib.Path(cfg["out"])
     if overwrite:

@@ -44,12 +44,16 @@ def _take(tree, i):
   return jax.tree.map(lambda a: a[i], tree)
 
 
-def batched_round(round_fn):
+def batched_round(round_fn, per_replica_data: bool = False):
   """``round_fn`` (``engine.build_round``) over a leading replica axis: ``vround(server
-  [S, ...], client_states [S, ...], data (shared), keys [S]) -> (server, client_states,
-  metrics)`` with ``metrics['train_loss']: [S]``; jitted, client states donated; has
-  ``.jitted`` so :func:`simulation.build_fused_rounds` can fuse it."""
-  vround = jax.jit(jax.vmap(round_fn.jitted, in_axes=(0, 0, None, 0)), donate_argnums=(1,))
+  [S, ...], client_states [S, ...], data, keys [S]) -> (server, client_states,
+  metrics)`` with ``metrics['train_loss']: [S]``; ``data`` is shared, or stacked
+  ``[S, N, n_max, ...]`` with ``per_replica_data`` (leave-one-domain-out: one held-out
+  domain per replica); jitted, client states donated; has ``.jitted`` so
+  :func:`simulation.build_fused_rounds` can fuse it."""
+  vround = jax.jit(jax.vmap(round_fn.jitted,
+                            in_axes=(0, 0, 0 if per_replica_data else None, 0)),
+                   donate_argnums=(1,))
   vround.jitted = vround
   return vround
 
@@ -71,7 +75,8 @@ def run_replicas(task, algorithm, *, seeds, rounds: int,
                  clients_per_round: int | None = None, execution: str = "auto",
                  chunk_size: int | None = None, eval_every: int | None = None,
                  progress: bool = True, shard: bool = True, callback=None,
-                 reporting="auto", rounds_per_call: int = 1, hparams=None) -> list:
+                 reporting="auto", rounds_per_call: int = 1, hparams=None,
+                 tasks=None) -> list:
   """Runs ``algorithm`` on ``task`` once per seed, all seeds batched in one program.
 
   Args:
@@ -82,13 +87,17 @@ def run_replicas(task, algorithm, *, seeds, rounds: int,
       ``simulation.run(..., seed=seeds[i])``.
     progress: one tqdm bar for the batch (terminal only).
     callback: ``callback(seed, entry)`` with each replica's history entries, or
-      ``callback(i, entry)`` (replica index) when ``hparams`` is given.
+      ``callback(i, entry)`` (replica index) when ``hparams`` or ``tasks`` is given.
     hparams: optional list of S dicts ``{name: number}``, replica ``i``'s traced
       hyperparameters (a sweep point; names from ``core.algorithm.ENGINE_TRACED`` and
       the components' ``traced``; every dict has the same names). ``algorithm`` must
       then be built with ``client_lr`` / ``server_lr`` = 1 where those are traced
-      (:func:`fedjax_inv.sweep.structure_algorithm`). Seeds may repeat across
+      (``fedjax_inv.sweep.plan(...).structure``). Seeds may repeat across
       different points.
+    tasks: optional list of S tasks; replica ``i`` trains and is evaluated on
+      ``tasks[i]`` (e.g. the held-out domains of a leave-one-domain-out sweep); their
+      data must have equal shapes (checked, :func:`check_same_shapes`; ``task`` is then
+      ignored and may be None). Seeds may repeat across tasks.
 
   Returns:
     a list with one item per seed, in order: a ``RunResult`` (its ``seconds`` is the
@@ -102,17 +111,27 @@ def run_replicas(task, algorithm, *, seeds, rounds: int,
       and everything :func:`simulation.run` refuses — before compiling.
   """
   seeds = [int(s) for s in seeds]
+  if tasks is not None:
+    tasks = list(tasks)
+    if len(tasks) != len(seeds):
+      raise ValueError(f"tasks has {len(tasks)} entries for {len(seeds)} seeds; give one "
+                       "task per replica.")
+    check_same_shapes(tasks)
+    task = tasks[0]
+  # a replica is (seed, task): the same task object twice with one seed is a repeat
+  distinct = [(s, id(t)) for s, t in zip(seeds, tasks or [None] * len(seeds))]
   if hparams is not None:
     _check_hparams(algorithm, seeds, hparams)
     keys_ = [(s, tuple(sorted(h.items()))) for s, h in zip(seeds, hparams)]
     if len(set(keys_)) != len(keys_):
       raise ValueError(f"replicas {keys_}: a (seed, hyperparameters) pair is repeated.")
-  elif not seeds or len(set(seeds)) != len(seeds):
-    raise ValueError(f"seeds={seeds}; give one or more distinct integer seeds.")
+  elif not seeds or len(set(distinct)) != len(distinct):
+    raise ValueError(f"seeds={seeds}; give one or more distinct integer seeds (per task).")
   p = simulation.prepare(task, algorithm, rounds, clients_per_round, execution,
                          chunk_size, eval_every, shard, reporting, rounds_per_call)
   S = len(seeds)
-  vround = batched_round(p.round_fn)
+  vround = batched_round(p.round_fn, per_replica_data=tasks is not None)
+  data = task.train if tasks is None else _stack([t.train for t in tasks])
   fused = simulation.build_fused_rounds(vround) if rounds_per_call > 1 else None
   server, cstates, keys = stacked_state(algorithm, p.model, p.num_clients, seeds, hparams)
   histories = [[] for _ in seeds]
@@ -127,7 +146,7 @@ def run_replicas(task, algorithm, *, seeds, rounds: int,
     while r <= p.rounds:
       first = r
       server, cstates, bad, train_loss, r = simulation.advance(
-          vround, fused, server, cstates, task.train, keys, bad, first, p.rounds,
+          vround, fused, server, cstates, data, keys, bad, first, p.rounds,
           p.schedule, rounds_per_call)
       if r in p.schedule or r % simulation.CHECK_EVERY == 0 or r > first:
         for i, b in enumerate(np.asarray(bad)):
@@ -142,12 +161,12 @@ def run_replicas(task, algorithm, *, seeds, rounds: int,
             continue
           params = _take(server.params, i)
           entry = {"round": r, "train_objective": float(losses[i])}
-          entry.update(simulation.evaluate_all(p.evaluate, params, task, rep,
-                                               p.predict_fn))
+          entry.update(simulation.evaluate_all(
+              p.evaluate, params, task if tasks is None else tasks[i], rep, p.predict_fn))
           histories[i].append(entry)
           simulation.keep_selected(rep, histories[i], params, selected_params[i])
           if callback is not None:
-            callback(s if hparams is None else i, entry)
+            callback(s if hparams is None and tasks is None else i, entry)
       bar.update(r - first + 1)
       r += 1
   seconds = (time.perf_counter() - t0) / S
@@ -189,3 +208,24 @@ def _check_hparams(algorithm, seeds, hparams) -> None:
     raise ValueError(f"hparams {unread}: {algorithm.name} does not read them as traced "
                      f"values (traceable: {sorted(readable)}); run those points one after "
                      "another (fedjax_inv.sweep does).")
+
+
+def _shapes(task) -> tuple:
+  def one(d):
+    return tuple((tuple(a.shape), str(a.dtype)) for a in (d.x, d.y, d.n))
+  return (task.kind, one(task.train),
+          tuple((k, one(v)) for k, v in sorted(task.eval_sets.items())))
+
+
+def check_same_shapes(tasks) -> None:
+  """Raises ValueError unless every task has the same kind, training-data shapes and
+  evaluation sets (names and shapes): the condition for stacking them on a replica axis.
+  The message names the first task that differs (run them one after another instead)."""
+  ref = _shapes(tasks[0])
+  for i, t in enumerate(tasks[1:], 1):
+    if _shapes(t) != ref:
+      raise ValueError(
+          f"tasks[{i}] (holdout {t.info.get('holdout', '?')!r}) has other data shapes than "
+          f"tasks[0] (holdout {tasks[0].info.get('holdout', '?')!r}): train x "
+          f"{tuple(t.train.x.shape)} vs {tuple(tasks[0].train.x.shape)}; batched replicas "
+          "need equal shapes (equal-sized domains), so run them one after another.")

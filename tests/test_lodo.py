@@ -264,3 +264,63 @@ def test_rotated_mnist_lodo_table_on_bundled_digits(tmp_path):
   # the oracle is never below training-domain validation selection
   val = next(r for r in result["table"] if r["selection"] == "training-domain validation")
   assert all(cells[d]["mean"] >= val["cells"][d]["mean"] - 1e-9 for d in result["domains"])
+
+
+EQ_TASK = "_test_equal_domains"
+
+
+def _equal_domains(holdout=0, val_fraction=0.25, seed=0, data_dir=None, source="auto",
+                   download=False):
+  """3 equal-sized Gaussian domains (so every held-out domain gives the same shapes)."""
+  rng = np.random.default_rng(7)
+  doms = []
+  for d in range(3):
+    y = rng.integers(0, 2, 40).astype(np.int32)
+    x = rng.normal(size=(40, 4)).astype(np.float32) + d
+    x[:, 0] += 1.5 * (2 * y - 1)
+    doms.append((x, y))
+  return build_domain_task(EQ_TASK, doms, DOMAINS, holdout=holdout,
+                           val_fraction=val_fraction, seed=seed,
+                           model=models.mlp(4, (8,), 1), kind="binary",
+                           info={"paper": "test"}, defaults=DEFAULTS)
+
+
+if EQ_TASK not in task_registry():
+  register_task(EQ_TASK, paper="test", summary="3 equal Gaussian domains")(_equal_domains)
+
+
+def test_batched_holdouts_equal_sequential_runs():
+  """Issue 13: --holdout all with --replicas batched runs every (held-out domain, seed)
+  of an algorithm as one vmapped program with per-replica data; each run equals the
+  sequential one (float32 rounding), and so do the model selections."""
+  kw = dict(seeds=(0, 1), holdouts="all", progress=False,
+            algorithm_kwargs={"client_lr": 0.3, "fedprox": {"mu": 0.5}})
+  seq = lodo.run_lodo(EQ_TASK, ["fedavg", "fedprox"], replicas="sequential", **kw)
+  log = io.StringIO()
+  bat = lodo.run_lodo(EQ_TASK, ["fedavg", "fedprox"], replicas="batched", stream=log, **kw)
+  assert "fedprox: 6 (held-out domain, seed) runs batched as one program" in log.getvalue()
+  assert (seq["replicas"], bat["replicas"]) == ("sequential", "batched")
+  key = lambda r: (r["holdout"], r["algorithm"], r["seed"])  # noqa: E731
+  assert sorted(map(key, seq["runs"])) == sorted(map(key, bat["runs"]))
+  by = {key(r): r for r in bat["runs"]}
+  for r in seq["runs"]:
+    b = by[key(r)]
+    assert [e["round"] for e in r["history"]] == [e["round"] for e in b["history"]]
+    for x, y in zip(r["history"], b["history"]):
+      for k in x:
+        np.testing.assert_allclose(x[k], y[k], rtol=2e-6, atol=1e-7, err_msg=str(key(r)))
+    for sel in lodo.SELECTIONS:
+      assert r["selected"][sel]["round"] == b["selected"][sel]["round"]
+  finals = {round(r["final"]["ood_loss"], 6) for r in bat["runs"]}
+  assert len(finals) == len(bat["runs"])  # every replica is its own run
+
+
+def test_batched_holdouts_with_unequal_domains_run_one_at_a_time():
+  out = io.StringIO()
+  res = lodo.run_lodo(TASK, ["fedavg"], holdouts=["d0", "d1"], rounds=1, progress=False,
+                      replicas="batched", stream=out)
+  assert res["replicas"] == "sequential" and len(res["runs"]) == 2
+  assert "running one held-out domain at a time" in out.getvalue()
+  assert "other data shapes" in out.getvalue()
+  with pytest.raises(ValueError, match="replicas='many'"):
+    lodo.run_lodo(TASK, ["fedavg"], replicas="many", progress=False)

@@ -120,7 +120,7 @@ def run_lodo(task_name: str, algorithms, *, seeds=(0,), rounds: int | None = Non
              algorithm_kwargs: dict | None = None, execution: str = "auto",
              eval_every: int | None = None, progress: bool = True,
              clients_per_round: int | None = None, resplit: bool = False,
-             stream=None, validation: str = "mean") -> dict:
+             stream=None, validation: str = "mean", replicas: str = "sequential") -> dict:
   """Leave-one-domain-out sweep: every held-out domain × algorithm × seed.
 
   Args:
@@ -149,6 +149,11 @@ def run_lodo(task_name: str, algorithms, *, seeds=(0,), rounds: int | None = Non
     validation: training-domain validation accuracy: 'mean' (default) of the per-domain
       accuracies, as DomainBed and FedIIR's code, or 'pooled' over all validation
       examples (:func:`select_rounds`).
+    replicas: 'sequential' (default: one run at a time, one task in memory), 'batched'
+      (every held-out domain × seed of an algorithm as ONE vmapped program,
+      ``replicas.run_replicas(tasks=...)``; all tasks are held in memory and must have
+      equal shapes, e.g. RotatedMNIST's equal-sized domains, else the runs go one after
+      another and the reason is printed) or 'auto' (batched on GPU/TPU).
 
   Returns:
     dict with ``task``, ``domains``, ``holdouts`` (names, in order), ``algorithms``,
@@ -198,6 +203,8 @@ def run_lodo(task_name: str, algorithms, *, seeds=(0,), rounds: int | None = Non
     raise ValueError("task_kwargs must not set 'holdout'; choose held-out domains with "
                      "holdouts=... instead.")
   resolve_strategy(execution, 1)  # validates the name
+  if replicas not in ("auto", "batched", "sequential"):
+    raise ValueError(f"replicas={replicas!r}; choose 'auto', 'batched' or 'sequential'.")
   split_seed = int(task_kwargs.pop("seed", 0))
 
   tasks: dict = {}
@@ -245,7 +252,58 @@ def run_lodo(task_name: str, algorithms, *, seeds=(0,), rounds: int | None = Non
 
   runs, task_info = [], {}
   t0 = time.perf_counter()
-  for h in wanted:
+
+  def record(h, a, s, res):
+    sel = select_rounds(res.history, validation=validation)
+    runs.append({"holdout": h, "algorithm": a, "seed": s, "selected": sel,
+                 "final": res.final, "history": res.history,
+                 "hparams": built[a].hparams, "execution": res.strategy,
+                 "seconds": round(res.seconds, 2)})
+    if progress:
+      v = sel[SELECTIONS[0]]
+      print(f"  holdout {h:>14s}  {a:16s} seed {s}: ood acc (val-selected, round "
+            f"{v['round']}) {v['ood_accuracy']:.3f}  oracle "
+            f"{sel[SELECTIONS[1]]['ood_accuracy']:.3f}  last "
+            f"{sel[SELECTIONS[2]]['ood_accuracy']:.3f}  ({res.seconds:.1f}s)",
+            file=stream)
+
+  import jax
+  batched = replicas == "batched" or (replicas == "auto" and jax.default_backend() != "cpu")
+  if batched:
+    from fedjax_inv.replicas import check_same_shapes, run_replicas
+    from fedjax_inv.simulation import DivergedError
+    pairs = [(h, s) for h in wanted for s in seeds]
+    all_tasks = {}
+    for h, s in pairs:
+      key = (h, s if resplit else split_seed)
+      if key not in all_tasks:
+        all_tasks[key] = tasks.get(key) or make_task(task_name, holdout=h, seed=key[1],
+                                                     **task_kwargs)
+    rep_tasks = [all_tasks[(h, s if resplit else split_seed)] for h, s in pairs]
+    try:
+      check_same_shapes(rep_tasks)
+    except ValueError as e:
+      batched = False
+      print(f"  --replicas batched: running one held-out domain at a time ({e})",
+            file=stream)
+  if batched:
+    for (h, _), t in zip(pairs, rep_tasks):
+      if t.info["holdout"] != h:
+        raise RuntimeError(f"task {task_name!r} built with holdout={h!r} reports holdout "
+                           f"{t.info['holdout']!r}; its builder breaks the contract.")
+      task_info.setdefault(h, t.info)
+    for a in algorithms:
+      print(f"  {a}: {len(pairs)} (held-out domain, seed) runs batched as one program "
+            "(--replicas batched)", file=stream)
+      results = run_replicas(None, built[a], seeds=[s for _, s in pairs], tasks=rep_tasks,
+                             rounds=rounds, clients_per_round=cohort, execution=execution,
+                             eval_every=eval_every, progress=progress)
+      for (h, s), res in zip(pairs, results):
+        if isinstance(res, DivergedError):
+          raise res
+        record(h, a, s, res)
+    all_tasks.clear()
+  for h in ([] if batched else wanted):
     for s in seeds:
       task = get_task(h, s if resplit else split_seed)
       if task.info["holdout"] != h:
@@ -255,23 +313,12 @@ def run_lodo(task_name: str, algorithms, *, seeds=(0,), rounds: int | None = Non
       for a in algorithms:
         res = run(task, built[a], rounds=rounds, clients_per_round=cohort, seed=s,
                   execution=execution, eval_every=eval_every, progress=progress)
-        sel = select_rounds(res.history, validation=validation)
-        runs.append({"holdout": h, "algorithm": a, "seed": s, "selected": sel,
-                     "final": res.final, "history": res.history,
-                     "hparams": built[a].hparams, "execution": res.strategy,
-                     "seconds": round(res.seconds, 2)})
-        if progress:
-          v = sel[SELECTIONS[0]]
-          print(f"  holdout {h:>14s}  {a:16s} seed {s}: ood acc (val-selected, round "
-                f"{v['round']}) {v['ood_accuracy']:.3f}  oracle "
-                f"{sel[SELECTIONS[1]]['ood_accuracy']:.3f}  last "
-                f"{sel[SELECTIONS[2]]['ood_accuracy']:.3f}  ({res.seconds:.1f}s)",
-                file=stream)
+        record(h, a, s, res)
   tasks.clear()
   result = {"task": task_name, "domains": domains, "holdouts": wanted,
             "algorithms": algorithms, "seeds": seeds, "rounds": rounds,
             "eval_every": eval_every, "clients_per_round": cohort,
-            "validation": validation,
+            "validation": validation, "replicas": "batched" if batched else "sequential",
             "split_seed": None if resplit else split_seed, "resplit": bool(resplit),
             "task_kwargs": task_kwargs, "selections": list(SELECTIONS),
             "runs": runs, "task_info": task_info,
