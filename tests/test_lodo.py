@@ -294,10 +294,10 @@ def test_batched_holdouts_equal_sequential_runs():
   of an algorithm as one vmapped program with per-replica data; each run equals the
   sequential one (float32 rounding), and so do the model selections."""
   kw = dict(seeds=(0, 1), holdouts="all", progress=False,
-            algorithm_kwargs={"client_lr": 0.3, "fedprox": {"mu": 0.5}})
-  seq = lodo.run_lodo(EQ_TASK, ["fedavg", "fedprox"], replicas="sequential", **kw)
+            algorithm_kwargs={"client_lr": 0.3, "mu": 0.5})
+  seq = lodo.run_lodo(EQ_TASK, ["fedprox"], replicas="sequential", **kw)
   log = io.StringIO()
-  bat = lodo.run_lodo(EQ_TASK, ["fedavg", "fedprox"], replicas="batched", stream=log, **kw)
+  bat = lodo.run_lodo(EQ_TASK, ["fedprox"], replicas="batched", stream=log, **kw)
   assert "fedprox: 6 (held-out domain, seed) runs batched as one program" in log.getvalue()
   assert (seq["replicas"], bat["replicas"]) == ("sequential", "batched")
   key = lambda r: (r["holdout"], r["algorithm"], r["seed"])  # noqa: E731
