@@ -473,17 +473,19 @@ def masking_aggregator(base: Aggregator, tau, rule: str = "gma", rescale: bool =
 
     return base.lift(message, weight), jax.tree.map(sign_fn, message), present
 
-  def finalize(stats):
+  def finalize(stats, hparams=None):
     base_stats, sign_sum, count = stats
     agg = base.finalize(base_stats)
+    t = tau if not hparams else hparams.get("tau", tau)  # a sweep replica's traced tau
     safe = jnp.where(count > 0, count, jnp.ones_like(count))
     mask = jax.tree.map(
-        lambda s, a: agreement_mask(jnp.abs(s / safe.astype(s.dtype)), tau, rule,
+        lambda s, a: agreement_mask(jnp.abs(s / safe.astype(s.dtype)), t, rule,
                                     rescale).astype(a.dtype), sign_sum, agg)
     if carry_mask:
       return MaskedPseudoGradient(agg, mask)
     return jax.tree.map(jnp.multiply, agg, mask)
 
+  finalize.traced = ("tau",)  # a sweep may trace tau (core.aggregator.traced_names)
   return Aggregator(lift, finalize, f"{rule}[tau={tau}]({base.name})")
 
 

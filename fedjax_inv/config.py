@@ -68,7 +68,7 @@ RUN_KEYS = {  # config key -> (type, help); every help states the default
     "sweep": (list, "hyperparameter grid NAME=V1,V2 or ALGORITHM.NAME=V1,V2 (repeatable; "
                     "lr = client_lr): every point of the product × every seed, each a "
                     "row of the table; batched as one program when the names can be "
-                    "traced (client_lr, server_lr, mu, fishr_lambda, gamma) and "
+                    "traced (client_lr, server_lr, mu, fishr_lambda, gamma, tau) and "
                     "--replicas allows; default none"),
     "holdout": (str, "leave-one-domain-out: 'all' or comma-separated domains (domain "
                      "tasks); default off"),

@@ -31,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_inv import simulation
+from fedjax_inv.core.aggregator import traced_names
 from fedjax_inv.core.algorithm import HPARAMS
 from fedjax_inv.core.engine import init_state
 from fedjax_inv.eval import reporting as reporting_lib
@@ -194,7 +195,8 @@ def _check_hparams(algorithm, seeds, hparams) -> None:
     raise ValueError(f"hparams has {len(hparams)} entries for {len(seeds)} seeds; give one "
                      "dict per replica.")
   names = set(hparams[0])
-  readable = set(ENGINE_TRACED) | {n for c in algorithm.components for n in c.traced}
+  readable = (set(ENGINE_TRACED) | {n for c in algorithm.components for n in c.traced}
+              | set(traced_names(algorithm.aggregator)))
   for h in hparams:
     if set(h) != names:
       raise ValueError(f"hparams {sorted(h)} vs {sorted(names)}: every replica must trace "

@@ -11,10 +11,11 @@ product, in the order given) for every seed:
   multiplies their updates by the replica's rate — exact, since every client and server
   optimizer here is linear in its learning rate) and the coefficients the algorithm's
   components read with ``core.algorithm.hparam`` (``Component.traced``: FedProx ``mu``,
-  Fishr ``fishr_lambda``, FedIIR ``gamma``). The values live as float32 scalars in each
+  Fishr ``fishr_lambda``, FedIIR ``gamma``) and the aggregator's (``core.aggregator.traced_names``:
+  FedGMA's / the AND-mask's ``tau``). The values live as float32 scalars in each
   replica's server state, as ``optax.inject_hyperparams`` keeps them in the optimizer
   state;
-* **one after another** otherwise (e.g. ``tau``, ``local_steps``: they change the
+* **one after another** otherwise (e.g. ``local_steps``, ``batch_size``: they change the
   program), with the reason printed and recorded.
 
 Batched results equal the sequential ones up to float32 rounding (``tests/test_sweep.py``,
@@ -28,6 +29,7 @@ import itertools
 import json
 from typing import Callable
 
+from fedjax_inv.core.aggregator import traced_names
 from fedjax_inv.core.algorithm import ENGINE_TRACED, Algorithm
 
 ALIASES = {"lr": "client_lr"}  # the run flag --lr is the client learning rate
@@ -171,14 +173,16 @@ def plan(algorithm: str, make: Callable[[dict], Algorithm], pts: list) -> Plan:
   names = tuple(pts[0]) if pts else ()
   if not names:
     return Plan(algorithm, pts, concrete, False, None, (), "no sweep")
-  structure = make({k: PLACEHOLDER for k in names})
-  readable = set(ENGINE_TRACED) | {n for c in structure.components for n in c.traced}
+  first = concrete[0]  # which names are traceable is a property of the structure
+  readable = (set(ENGINE_TRACED) | {n for c in first.components for n in c.traced}
+              | set(traced_names(first.aggregator)))
   untraced = [k for k in names if k not in readable]
-  reason = ""
+  reason, structure = "", None
   if untraced:
     reason = (f"{', '.join(untraced)} {'is' if len(untraced) == 1 else 'are'} not traced "
               f"by {algorithm} (traceable: {', '.join(sorted(readable))})")
   else:
+    structure = make({k: PLACEHOLDER for k in names})
     ref = {k: v for k, v in structure.hparams.items() if k not in names}
     for p, alg in zip(pts, concrete):
       other = {k: v for k, v in alg.hparams.items() if k not in names}

@@ -1,5 +1,5 @@
 """Issue 13: hyperparameter sweeps (fedjax_inv/sweep.py). Traced hyperparameters
-(client/server learning rate, FedProx mu, Fishr lambda, FedIIR gamma) let a grid × seeds
+(client/server learning rate, FedProx mu, Fishr lambda, FedIIR gamma, FedGMA tau) let a grid × seeds
 run as one batched program whose every replica equals the sequential run of that point;
 names that change the program fall back to one run after another, with the reason."""
 import jax
@@ -61,7 +61,9 @@ def test_plan_batches_traced_names_and_explains_the_others():
   assert pl.structure.client_lr == 1.0 and [a.hparams["mu"] for a in pl.concrete] == [
       0.0, 0.5, 0.0, 0.5]
   pl = sweep.plan("fedgma", _make("fedgma"), sweep.points({"tau": [0.2, 0.6]}))
-  assert not pl.batched and "tau is not traced by fedgma" in pl.reason
+  assert pl.batched and pl.traced == ("tau",)  # the mask's finalize traces tau
+  pl = sweep.plan("and_mask", _make("and_mask"), sweep.points({"rescale": [False, True]}))
+  assert not pl.batched and "rescale is not traced by and_mask" in pl.reason
   pl = sweep.plan("fedavg", _make("fedavg"), sweep.points({"local_steps": [1, 3]}))
   assert not pl.batched and "local_steps" in pl.reason
   # a value the algorithm refuses fails before anything runs, naming the point
@@ -87,6 +89,8 @@ def _assert_equal_runs(a, b, rtol):
     ("fedadam", {"server_lr": [0.01, 0.1]}, {"client_optimizer": "momentum"}, 2e-6),
     # a component coefficient on the pre-stage + loss path
     ("fediir", {"gamma": [0.0, 0.5]}, {}, 2e-6),
+    # the aggregator's threshold (FedGMA's soft mask on the server step)
+    ("fedgma", {"tau": [0.0, 0.6]}, {}, 2e-6),
 ])
 def test_batched_sweep_equals_sequential_runs(tiny_binary, name, spec, fixed, rtol):
   task = _task(tiny_binary)

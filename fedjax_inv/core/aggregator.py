@@ -26,10 +26,20 @@ class Aggregator(NamedTuple):
       weighting). ``stats`` is a pytree of arrays that is summed over clients.
     finalize: ``stats_sum -> aggregate`` (same structure as ``message``).
     name: short name for logs.
+
+  A ``finalize`` function with an attribute ``traced`` (a tuple of hyperparameter names,
+  see :func:`traced_names`) also accepts ``hparams={name: float32 scalar}``: a sweep
+  replica's traced values (``core.algorithm.HPARAMS``), e.g. FedGMA's ``tau``.
   """
   lift: Callable[[PyTree, jax.Array], PyTree]
   finalize: Callable[[PyTree], PyTree]
   name: str = "aggregator"
+
+
+def traced_names(aggregator: Aggregator) -> tuple:
+  """The hyperparameters ``aggregator.finalize`` can take as traced values (``()`` for
+  most aggregators; ``('tau',)`` for the sign masks)."""
+  return tuple(getattr(aggregator.finalize, "traced", ()))
 
 
 def weighted_mean() -> Aggregator:

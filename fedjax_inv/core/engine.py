@@ -33,7 +33,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from fedjax_inv.core import losses
 from fedjax_inv.core.algorithm import HPARAMS, Algorithm, Batch, Context, Forward
 from fedjax_inv.core import strategy as strategy_lib
-from fedjax_inv.core.aggregator import weighted_mean
+from fedjax_inv.core.aggregator import traced_names, weighted_mean
 from fedjax_inv.core.data import ClientData
 
 PyTree = Any
@@ -421,7 +421,10 @@ def build_round(model, kind: str, algorithm: Algorithm, num_clients: int,
 
     sums, new_cstates = map_reduce(client, (idx, cn, cstates, ckeys), strategy,
                                    chunk, mesh, unroll)
-    pseudo_grad = algorithm.aggregator.finalize(sums["__main__"])
+    if traced and traced_names(algorithm.aggregator):  # a sweep replica's traced tau
+      pseudo_grad = algorithm.aggregator.finalize(sums["__main__"], hparams=traced)
+    else:
+      pseudo_grad = algorithm.aggregator.finalize(sums["__main__"])
     for c in upd_comps:
       agg = (c.aggregator or mean_agg).finalize(sums[c.name]) if c.message else None
       extras[c.name], pseudo_grad = c.server_update(extras.get(c.name), agg, pseudo_grad,
