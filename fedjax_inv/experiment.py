@@ -450,8 +450,7 @@ def run_experiment(cfg: dict, progress: bool = True, overrides=None,
         todo = [(lab, s) for lab in labels[algo] for s in seeds if (lab, s) not in done]
         if todo:
           ran_batched = True
-          rs = [s for _, s in todo]
-          hs = [{k: float(point_of[lab][k]) for k in pl.traced} for lab, _ in todo]
+          rs, hs = sweep_lib.replica_hparams(pl, [(point_of[lab], s) for lab, s in todo])
           results = run_replicas(
               task, pl.structure, seeds=rs, hparams=hs, callback=lambda i, entry:
               report.append_jsonl(metrics_path, {"algorithm": todo[i][0],

