@@ -14,7 +14,9 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import optax
 
+from fedjax_inv.core.algorithm import hparam
 # The protocol and the weighted mean are the engine's (core/aggregator.py); re-exported.
 from fedjax_inv.core.aggregator import Aggregator, weighted_mean  # noqa: F401
 
@@ -437,21 +439,49 @@ def gma_mask(updates: PyTree, tau, axis: int = 0) -> PyTree:
   return jax.tree.map(lambda x: _mask_leaf(x, tau, axis, "gma"), updates)
 
 
+def sign_agreement() -> Aggregator:
+  """The clients' sign agreement ``A = |Σ_k sign(Δ_k) / C|`` per coordinate, as an
+  associative reduction (the one sign statistic behind FedGMA, the AND-mask and
+  ``aggregator='gma'|'and_mask'``).
+
+  ``lift(Δ_k, w_k) = (sign(Δ_k), 1)``; a client with ``w_k = 0`` is absent (no sign, no
+  count), so ``C`` counts the present clients and no client weight enters ``A``.
+  ``finalize`` returns ``A`` with the message's structure (no client axis), signs summed
+  in the message's float dtype (at least float32); ``A = 0`` when no client is present.
+
+  Source: FedGMA §4 (the agreement score); Parascandolo et al. 2021 (AND-mask).
+  """
+  def lift(message, weight):
+    present = (jnp.asarray(weight) > 0).astype(jnp.float32)
+
+    def sign_fn(m):
+      m = jnp.asarray(m)
+      dtype, _ = _float_dtypes(m)
+      return jnp.sign(m.astype(dtype)) * present.astype(dtype)
+
+    return jax.tree.map(sign_fn, message), present
+
+  def finalize(stats):
+    sign_sum, count = stats
+    safe = jnp.where(count > 0, count, jnp.ones_like(count))
+    return jax.tree.map(lambda s: jnp.abs(s / safe.astype(s.dtype)), sign_sum)
+
+  return Aggregator(lift, finalize, "sign_agreement")
+
+
 def masking_aggregator(base: Aggregator, tau, rule: str = "gma", rescale: bool = False,
                        carry_mask: bool = True) -> Aggregator:
-  """Sign-agreement masking around any base aggregator, as an associative reduction (the
-  one implementation behind FedGMA, the AND-mask and ``aggregator='gma'|'and_mask'``).
+  """Sign-agreement masking around any base aggregator, as an associative reduction
+  (``aggregator='gma'|'and_mask'``: the mask on the pseudo-gradient).
 
-  ``lift(Δ_k, w_k) = (base.lift(Δ_k, w_k), sign(Δ_k), 1)`` (a client with ``w_k = 0`` is
-  absent: no sign, no count); the engine sums these over clients. ``finalize`` computes
-  the base aggregate ``Δ_t``, ``A = |Σ_k sign(Δ_k) / C|`` per coordinate and the mask of
-  :func:`agreement_mask`, and returns ``MaskedPseudoGradient(Δ_t, mask)``
-  (``carry_mask=True``: the server optimizer masks its step, FedGMA Alg. 1) or
-  ``mask ⊙ Δ_t`` (``carry_mask=False``).
+  ``lift(Δ_k, w_k) = (base.lift(Δ_k, w_k), sign_agreement().lift(Δ_k, w_k))``; the engine
+  sums these over clients. ``finalize`` computes the base aggregate ``Δ_t``, ``A`` of
+  :func:`sign_agreement` and the mask of :func:`agreement_mask`, and returns
+  ``MaskedPseudoGradient(Δ_t, mask)`` (``carry_mask=True``) or ``mask ⊙ Δ_t``
+  (``carry_mask=False``). FedGMA's mask on the server step is :func:`mask_step`.
 
   Shapes: messages are params pytrees without a client axis; the aggregate has their
-  structure (inside ``MaskedPseudoGradient`` when carried). Signs are summed in the
-  message's float dtype (at least float32).
+  structure (inside ``MaskedPseudoGradient`` when carried).
 
   Raises:
     ValueError: ``base`` not an ``Aggregator``; bad ``tau`` / ``rule`` / ``rescale``.
@@ -462,31 +492,53 @@ def masking_aggregator(base: Aggregator, tau, rule: str = "gma", rescale: bool =
     raise ValueError(f"base must be an Aggregator, got {type(base).__name__}.")
   agreement_mask(jnp.zeros(()), tau, rule, rescale)  # validates the arguments
   tau = check_tau(tau)
+  signs = sign_agreement()
 
   def lift(message, weight):
-    present = (jnp.asarray(weight) > 0).astype(jnp.float32)
-
-    def sign_fn(m):
-      m = jnp.asarray(m)
-      dtype, _ = _float_dtypes(m)
-      return jnp.sign(m.astype(dtype)) * present.astype(dtype)
-
-    return base.lift(message, weight), jax.tree.map(sign_fn, message), present
+    return base.lift(message, weight), signs.lift(message, weight)
 
   def finalize(stats, hparams=None):
-    base_stats, sign_sum, count = stats
+    base_stats, sign_stats = stats
     agg = base.finalize(base_stats)
     t = tau if not hparams else hparams.get("tau", tau)  # a sweep replica's traced tau
-    safe = jnp.where(count > 0, count, jnp.ones_like(count))
-    mask = jax.tree.map(
-        lambda s, a: agreement_mask(jnp.abs(s / safe.astype(s.dtype)), t, rule,
-                                    rescale).astype(a.dtype), sign_sum, agg)
+    mask = jax.tree.map(lambda a, g: agreement_mask(a, t, rule, rescale).astype(g.dtype),
+                        signs.finalize(sign_stats), agg)
     if carry_mask:
       return MaskedPseudoGradient(agg, mask)
     return jax.tree.map(jnp.multiply, agg, mask)
 
   finalize.traced = ("tau",)  # a sweep may trace tau (core.aggregator.traced_names)
   return Aggregator(lift, finalize, f"{rule}[tau={tau}]({base.name})")
+
+
+def mask_step(tau, rule: str = "gma", rescale: bool = False, message: str = "sign"):
+  """Server-chain stage: multiplies its input by the sign-agreement mask of this round.
+
+  An ``optax.GradientTransformationExtraArgs`` (no state). ``update(u, state, params,
+  messages=..., ctx=...)`` reads ``A = messages[message]`` (the aggregate of a
+  :func:`sign_agreement` client message over the round's clients; pytree like ``u``) and
+  returns ``agreement_mask(A, τ, rule, rescale) ⊙ u``; ``τ`` is a sweep replica's traced
+  ``tau`` when ``ctx`` carries one (``core.algorithm.hparam``). Where it stands in the
+  server chain is the algorithm: after the server optimizer it masks the step (FedGMA
+  Alg. 1 line 14), before it the pseudo-gradient.
+
+  Raises:
+    ValueError: bad ``tau`` / ``rule``; ``rescale`` not a bool (at build time); KeyError
+      at trace time when no client message ``message`` was aggregated.
+
+  Source: FedGMA §4, Alg. 1; Parascandolo et al. 2021 (AND-mask, ``rescale``).
+  """
+  if not isinstance(rescale, bool):
+    raise ValueError(f"rescale={rescale!r}; pass True or False.")
+  agreement_mask(jnp.zeros(()), tau, rule, rescale)  # validates the arguments
+  tau = check_tau(tau)
+
+  def update(updates, state, params=None, *, messages, ctx, **extra):
+    t = hparam(ctx, "tau", tau)
+    mask = jax.tree.map(lambda a: agreement_mask(a, t, rule, rescale), messages[message])
+    return jax.tree.map(lambda u, m: u * m.astype(u.dtype), updates, mask), state
+
+  return optax.GradientTransformationExtraArgs(lambda params: optax.EmptyState(), update)
 
 
 def gma(base: Aggregator, tau) -> Aggregator:

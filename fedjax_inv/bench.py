@@ -50,6 +50,8 @@ import sys
 import time
 from typing import Any, Callable
 
+from fedjax_inv.core import engine
+
 HEAVY_ALGORITHMS = ("fishr_inter_geo", "fishr_intra_geo", "fediir", "fedsr")
 ENGINE_IMPLS = ("auto", "vmap", "scan", "chunked", "sharded")
 IMPLS = ("loop",) + ENGINE_IMPLS
@@ -158,214 +160,16 @@ def synthetic_pool(num_clients: int, n_per_client: int = EXAMPLES_PER_CLIENT,
 # ---------------------------------------------------------------------------------------
 
 
-class LoopRound:
-  """A round as a Python loop over clients of a jit-compiled single-client update.
+# The loop is one more execution strategy of the engine (``execution='loop'``), built
+# from the same round phases (``core.engine.round_parts``) as the jitted strategies.
+LoopRound = engine.LoopRound
 
-  FedJAX's jit backend design (``fedjax.for_each_client``): one compiled client update,
-  called once per sampled client; the aggregator's sums (``Aggregator.lift``) are
-  accumulated on device by the same compiled call, then one compiled server step
-  finalizes them. Sampling, per-client keys, the pre-stage, messages, per-client state
-  and the server update follow ``core.engine.build_round`` exactly (message protocol in
-  ``core/algorithm.py``), so ``LoopRound`` returns the engine's numbers up to float32
-  summation order (tested in ``tests/test_bench.py``).
 
-  Call ``compile(server, client_states, data, key)`` once (returns seconds spent
-  compiling), then ``round(server, client_states, data, key) -> (server, client_states,
-  metrics)`` like the engine's ``round_fn``. ``client_states`` is donated.
-  """
-
-  def __init__(self, model, kind: str, algorithm, num_clients: int, clients_per_round: int):
-    from fedjax_inv.core import losses
-    losses.check_kind(kind)
-    if not 1 <= clients_per_round <= num_clients:
-      raise ValueError(f"clients_per_round={clients_per_round} must be in "
-                       f"[1, {num_clients}] (the pool has {num_clients} clients).")
-    self.model, self.kind, self.algorithm = model, kind, algorithm
-    self.num_clients, self.cohort = int(num_clients), int(clients_per_round)
-    self.strategy = "loop"
-    self._compiled = None
-    self._build()
-
-  def _build(self):
-    import jax
-    import jax.numpy as jnp
-    import optax
-    from fedjax_inv.aggregators import weighted_mean
-    from fedjax_inv.core import engine
-    from fedjax_inv.core.algorithm import Context
-
-    model, kind, alg = self.model, self.kind, self.algorithm
-    N, C = self.num_clients, self.cohort
-    mean_agg = weighted_mean()
-    pre_comps = [c for c in alg.components if c.pre_message is not None]
-    msg_comps = [c for c in alg.components if c.message is not None]
-    upd_comps = [c for c in alg.components if c.server_update is not None]
-    self.has_pre = bool(pre_comps)
-
-    def weight_of(n):
-      if alg.weighting == "uniform":
-        return jnp.ones((), jnp.float32)
-      return n.astype(jnp.float32)
-
-    def base_ctx(server):
-      return dict(params=server.params, round=server.round,
-                  num_clients=jnp.float32(N), cohort=jnp.float32(C))
-
-    def sample(server, key):
-      k_sample, k_clients = jax.random.split(jax.random.fold_in(key, server.round))
-      idx = jax.random.choice(k_sample, N, (C,), replace=False)
-      ckeys = jax.vmap(lambda i: jax.random.fold_in(k_clients, i))(idx)
-      return idx, ckeys
-
-    def one_client(pool_cs, data, idx, ckeys, j):
-      i = idx[j]
-      cs = jax.tree.map(lambda a: a[i], pool_cs)
-      return i, data.x[i], data.y[i], data.n[i], cs, ckeys[j]
-
-    def pre_stats(server, pool_cs, data, idx, ckeys, j):
-      _, x, y, n, cs, k = one_client(pool_cs, data, idx, ckeys, j)
-      ctx = Context(extras=dict(server.extras), client=cs, **base_ctx(server))
-      w = weight_of(n)
-      return {c.name: (c.pre_aggregator or mean_agg).lift(
-          c.pre_message(model, kind, server.params, (x, y, n), ctx,
-                        jax.random.fold_in(k, 1)), w) for c in pre_comps}
-
-    def pre_acc(acc, server, pool_cs, data, idx, ckeys, j):
-      return jax.tree.map(jnp.add, acc, pre_stats(server, pool_cs, data, idx, ckeys, j))
-
-    def pre_finish(server, sums):
-      extras = dict(server.extras)
-      ctx0 = Context(extras=extras, client={}, **base_ctx(server))
-      for c in pre_comps:
-        agg = (c.pre_aggregator or mean_agg).finalize(sums[c.name])
-        extras[c.name] = c.pre_update(extras.get(c.name), agg, ctx0)
-      return extras
-
-    def client_stats(pool_cs, server, extras, data, idx, ckeys, j):
-      i, x, y, n, cs, k = one_client(pool_cs, data, idx, ckeys, j)
-      ctx = Context(extras=extras, client=cs, **base_ctx(server))
-      k_train, k_msg = jax.random.split(k)
-      params, step_losses = engine.local_train(model, kind, alg, ctx, x, y, n, k_train)
-      delta = jax.tree.map(jnp.subtract, server.params, params)
-      w = weight_of(n)
-      stats = {"__main__": alg.aggregator.lift(delta, w),
-               "__loss__": (w * jnp.mean(step_losses), w)}
-      new_cs = dict(cs)
-      for c in msg_comps:
-        msg, ncs = c.message(model, kind, server.params, params, (x, y, n), ctx, k_msg,
-                             alg.local_steps, alg.client_lr)
-        stats[c.name] = (c.aggregator or mean_agg).lift(msg, w)
-        if c.name in cs:
-          new_cs[c.name] = ncs
-      return i, stats, new_cs
-
-    def client_acc(acc, pool_cs, server, extras, data, idx, ckeys, j):
-      # Sampling is without replacement, so writing client i's new state right away
-      # equals the engine's gather-all / scatter-all.
-      i, stats, new_cs = client_stats(pool_cs, server, extras, data, idx, ckeys, j)
-      pool_cs = jax.tree.map(lambda pool, new: pool.at[i].set(new), pool_cs, new_cs)
-      return jax.tree.map(jnp.add, acc, stats), pool_cs
-
-    def finish(server, extras, sums):
-      extras = dict(extras)
-      ctx_b = Context(extras=extras, client={}, **base_ctx(server))
-      pseudo_grad = alg.aggregator.finalize(sums["__main__"])
-      for c in upd_comps:
-        agg = (c.aggregator or mean_agg).finalize(sums[c.name]) if c.message else None
-        extras[c.name], pseudo_grad = c.server_update(extras.get(c.name), agg, pseudo_grad,
-                                                      ctx_b)
-      updates, opt_state = alg.server_optimizer.update(pseudo_grad, server.opt_state,
-                                                       server.params)
-      new_server = engine.ServerState(params=optax.apply_updates(server.params, updates),
-                                      opt_state=opt_state, round=server.round + 1,
-                                      extras=extras)
-      loss_sum, wsum = sums["__loss__"]
-      return new_server, {"train_loss": loss_sum / wsum}
-
-    self._fns = dict(sample=sample, pre_stats=pre_stats, pre_acc=pre_acc,
-                     pre_finish=pre_finish,
-                     client_stats=client_stats, client_acc=client_acc, finish=finish)
-
-  def _zeros(self, fn, *args):
-    import jax
-    import jax.numpy as jnp
-    shapes = jax.eval_shape(fn, *args)
-    return jax.jit(lambda: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes))
-
-  def compile(self, server, client_states, data, key) -> float:
-    """AOT-compiles every piece for these argument shapes; returns compile seconds."""
-    import jax
-    import numpy as np
-    f = self._fns
-    j0 = np.int32(0)
-    t0 = time.perf_counter()
-    c = {}
-    c["sample"] = jax.jit(f["sample"]).lower(server, key).compile()
-    idx, ckeys = jax.eval_shape(f["sample"], server, key)
-    extras = server.extras
-    if self.has_pre:
-      zeros_pre = self._zeros(f["pre_stats"], server, client_states, data, idx, ckeys, j0)
-      c["pre_zeros"] = zeros_pre
-      zp = jax.eval_shape(zeros_pre)
-      c["pre_acc"] = jax.jit(f["pre_acc"], donate_argnums=(0,)).lower(
-          zp, server, client_states, data, idx, ckeys, j0).compile()
-      c["pre_finish"] = jax.jit(f["pre_finish"]).lower(server, zp).compile()
-      extras = jax.eval_shape(f["pre_finish"], server, zp)
-    stats_fn = lambda *a: f["client_stats"](*a)[1]  # noqa: E731
-    zeros = self._zeros(stats_fn, client_states, server, extras, data, idx, ckeys, j0)
-    c["zeros"] = zeros
-    z = jax.eval_shape(zeros)
-    c["client_acc"] = jax.jit(f["client_acc"], donate_argnums=(0, 1)).lower(
-        z, client_states, server, extras, data, idx, ckeys, j0).compile()
-    c["finish"] = jax.jit(f["finish"]).lower(server, extras, z).compile()
-    seconds = time.perf_counter() - t0
-    self._compiled = c
-    return seconds
-
-  def flop_parts(self, server, client_states, data, key):
-    """FLOPs of one round from the jaxprs of its pieces (:func:`count_flops`)."""
-    import jax
-    import numpy as np
-    f = self._fns
-    j0 = np.int32(0)
-    idx, ckeys = jax.eval_shape(f["sample"], server, key)
-    total = count_flops(f["sample"], server, key)
-    extras = server.extras
-    if self.has_pre:
-      zp = jax.eval_shape(self._compiled["pre_zeros"])
-      total += self.cohort * count_flops(f["pre_acc"], zp, server, client_states, data,
-                                         idx, ckeys, j0)
-      total += count_flops(f["pre_finish"], server, zp)
-      extras = jax.eval_shape(f["pre_finish"], server, zp)
-    z = jax.eval_shape(self._compiled["zeros"])
-    total += self.cohort * count_flops(f["client_acc"], z, client_states, server, extras,
-                                       data, idx, ckeys, j0)
-    total += count_flops(f["finish"], server, extras, z)
-    return total
-
-  def client_memory(self):
-    """XLA's ``memory_analysis()`` of the compiled single-client update."""
-    return self._compiled["client_acc"].memory_analysis()
-
-  def __call__(self, server, client_states, data, key):
-    import numpy as np
-    if self._compiled is None:
-      self.compile(server, client_states, data, key)
-    c = self._compiled
-    idx, ckeys = c["sample"](server, key)
-    extras = server.extras
-    if self.has_pre:
-      acc = c["pre_zeros"]()
-      for j in range(self.cohort):
-        acc = c["pre_acc"](acc, server, client_states, data, idx, ckeys, np.int32(j))
-      extras = c["pre_finish"](server, acc)
-    acc = c["zeros"]()
-    for j in range(self.cohort):
-      acc, client_states = c["client_acc"](acc, client_states, server, extras, data, idx,
-                                           ckeys, np.int32(j))
-    server, metrics = c["finish"](server, extras, acc)
-    metrics["clients"] = idx
-    return server, client_states, metrics
+def loop_flops(loop: LoopRound, server, client_states, data, key) -> float:
+  """FLOPs of one ``loop`` round from the jaxprs of its compiled pieces
+  (:func:`count_flops`, each times the number of calls per round)."""
+  return sum(n * count_flops(fn, *args)
+             for n, fn, args in loop.pieces(server, client_states, data, key))
 
 
 def build_loop_round(model, kind: str, algorithm, num_clients: int,
@@ -375,7 +179,8 @@ def build_loop_round(model, kind: str, algorithm, num_clients: int,
   Raises:
     ValueError: bad loss kind or cohort size (before any compile).
   """
-  return LoopRound(model, kind, algorithm, num_clients, clients_per_round)
+  return engine.build_round(model, kind, algorithm, num_clients, clients_per_round,
+                            execution="loop")
 
 
 # ---------------------------------------------------------------------------------------
@@ -735,7 +540,7 @@ def run_config(workload: Workload, C: int, impls: list[str], *, warmup: int, rou
         compile_s = rf.compile(server, cstates, data, key)
         call = lambda st, rf=rf: rf(st[0], st[1], data, key)[:2]  # noqa: E731
         ma = rf.client_memory()
-        flops = rf.flop_parts(server, cstates, data, key)
+        flops = loop_flops(rf, server, cstates, data, key)
         chunk = None
       else:
         dat = data

@@ -112,6 +112,9 @@ def run_replicas(task, algorithm, *, seeds, rounds: int,
       and everything :func:`simulation.run` refuses — before compiling.
   """
   seeds = [int(s) for s in seeds]
+  if execution == "loop":
+    raise ValueError("execution='loop' (a Python loop over clients) cannot be batched "
+                     "over replicas; use 'auto', 'vmap', 'scan' or 'chunked'.")
   if tasks is not None:
     tasks = list(tasks)
     if len(tasks) != len(seeds):

@@ -359,6 +359,10 @@ def prepare(task, algorithm, rounds, clients_per_round, execution, chunk_size,
       or rounds_per_call < 1:
     raise ValueError(f"rounds_per_call={rounds_per_call!r}; it must be an integer >= 1 "
                      "(1 = one device call per round).")
+  if execution == "loop" and rounds_per_call > 1:
+    raise ValueError("execution='loop' (a Python loop over clients, the benchmark "
+                     f"baseline) cannot fuse rounds_per_call={rounds_per_call} rounds into "
+                     "one device call; use rounds_per_call=1 or another strategy.")
   rep = reporting_lib.resolve(reporting, task)
   reporting_lib.check(rep, task)
   schedule = set(reporting_lib.eval_rounds(rounds, int(eval_every), rep.last_k))

@@ -92,7 +92,7 @@ def test_engine_and_loop_count_the_same_work(tiny_binary):
   assert max(per_strategy) == pytest.approx(min(per_strategy), rel=0.02)
   loop = bench.build_loop_round(model, "binary", alg, 5, 4)
   loop.compile(s, c, data, key)
-  assert loop.flop_parts(s, c, data, key) == pytest.approx(per_strategy[0], rel=0.01)
+  assert bench.loop_flops(loop, s, c, data, key) == pytest.approx(per_strategy[0], rel=0.01)
   # 4 clients x 3 steps x (forward + backward >= 2 forward matmuls of a 6-8-1 MLP on 8
   # examples) is the bulk of the work
   forward = 2 * 8 * (6 * 8 + 8 * 1)

@@ -6,7 +6,7 @@ import pytest
 
 from fedjax_inv import aggregators as aggs
 from fedjax_inv.algorithms import make_algorithm
-from fedjax_inv.algorithms.fedgma import (
+from fedjax_inv.aggregators import (
     MaskedPseudoGradient, agreement_mask, masking_aggregator)
 from fedjax_inv.core.engine import build_round, init_state
 from tests.reference import batch_indices, loss_fn, round_keys

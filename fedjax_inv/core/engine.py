@@ -15,13 +15,15 @@ summation order, because aggregation is a sum of lifted statistics):
     measured 1.2–1.7× a Python loop over a jitted client update on 2 cores, where plain
     ``jit(vmap)`` was 0.5–0.9×);
   * ``chunked``: ``vmap`` inside chunks of ``chunk_size`` clients, ``scan`` across chunks;
+  * ``loop``: a Python loop over the clients of one compiled client update
+    (:class:`LoopRound`; FedJAX's design, the baseline of ``benchmarks/``);
   * ``auto``: ``scan`` on a single CPU device, otherwise ``vmap`` (sharded) when the cohort
     fits the memory estimate, else ``chunked``.
 """
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import chex
 import jax
@@ -297,7 +299,9 @@ def build_round(model, kind: str, algorithm: Algorithm, num_clients: int,
     algorithm: ``Algorithm``.
     num_clients: pool size ``N``.
     clients_per_round: cohort ``C`` (1 <= C <= N), sampled uniformly without replacement.
-    execution: 'auto' | 'vmap' | 'scan' | 'chunked'.
+    execution: 'auto' | 'vmap' | 'scan' | 'chunked' | 'loop' (:class:`LoopRound`, the
+      benchmark baseline; not jitted as a whole, so ``jit``, ``mesh`` and the memory
+      estimate do not apply).
     chunk_size: clients per chunk for 'chunked' (default: ``min(C, 64)``).
     mesh: a ``clients`` mesh (``client_mesh()``) to shard the client axis, or None.
     unroll: clients per loop iteration under 'scan' (default ``strategy.SCAN_UNROLL``).
@@ -320,6 +324,8 @@ def build_round(model, kind: str, algorithm: Algorithm, num_clients: int,
     raise ValueError(f"clients_per_round={clients_per_round} must be in [1, {num_clients}] "
                      f"(the pool has {num_clients} clients).")
   strategy = resolve_strategy(execution, clients_per_round)
+  if strategy == "loop":  # the baseline: a Python loop over one compiled client update
+    return LoopRound(model, kind, algorithm, num_clients, clients_per_round)
   if chunk_size is not None and (isinstance(chunk_size, bool) or int(chunk_size) != chunk_size
                                  or chunk_size < 1):
     raise ValueError(f"chunk_size={chunk_size!r}; it must be an integer >= 1 (or None for "
@@ -346,99 +352,28 @@ def build_round(model, kind: str, algorithm: Algorithm, num_clients: int,
                         strategy, chunk if strategy == "chunked" else None,
                         num_devices=ndev)
   unroll = strategy_lib.SCAN_UNROLL if unroll is None else int(unroll)
-  comps = algorithm.components
-  pre_comps = [c for c in comps if c.pre_message is not None]
-  msg_comps = [c for c in comps if c.message is not None]
-  upd_comps = [c for c in comps if c.server_update is not None]
-  mean_agg = weighted_mean()
-
-  def weight_of(n):
-    if algorithm.weighting == "uniform":
-      return jnp.ones((), jnp.float32)
-    return n.astype(jnp.float32)
+  parts = round_parts(model, kind, algorithm, num_clients, clients_per_round)
 
   def round_fn(server: ServerState, client_states: dict, data: ClientData, key):
-    k_sample, k_clients = jax.random.split(jax.random.fold_in(key, server.round))
-    idx = jax.random.choice(k_sample, num_clients, (clients_per_round,), replace=False)
+    idx, ckeys = parts.sample(server, key)
     # Clients read their rows of the device-resident pool inside the map (a dynamic slice
     # per client under 'scan'), so the cohort's data is never copied as a whole: at
     # C=10,000 MNIST clients that copy was 1.9 GiB per round.
-    cn = data.n[idx]
-    cstates = jax.tree.map(lambda a: a[idx], client_states)
-    ckeys = jax.vmap(lambda i: jax.random.fold_in(k_clients, i))(idx)
-    base_ctx = dict(params=server.params, round=server.round,
-                    num_clients=jnp.float32(num_clients),
-                    cohort=jnp.float32(clients_per_round))
-    extras = dict(server.extras)
-    traced = server.extras.get(HPARAMS, {})
-    client_lr = traced.get("client_lr", algorithm.client_lr)
-
-    # Pre-stage: messages at the global model, aggregated, then server state updates.
-    if pre_comps:
-      ctx0 = Context(extras=extras, client={}, **base_ctx)
-
-      def pre_client(inp):
-        i, n, cs, k = inp
-        x, y = data.x[i], data.y[i]
-        ctx = ctx0.replace(client=cs)
-        w = weight_of(n)
-        stats = {}
-        for c in pre_comps:
-          msg = c.pre_message(model, kind, server.params, (x, y, n), ctx,
-                              jax.random.fold_in(k, 1))
-          stats[c.name] = (c.pre_aggregator or mean_agg).lift(msg, w)
-        return stats, None
-
+    xs = (idx, data.n[idx], jax.tree.map(lambda a: a[idx], client_states), ckeys)
+    extras = server.extras
+    if parts.pre_client is not None:
       pre_strategy, pre_chunk = strategy, chunk
       if strategy == "scan" and PRE_CHUNK:  # see PRE_CHUNK
         pre_strategy, pre_chunk = "chunked", PRE_CHUNK
-      pre_sums, _ = map_reduce(pre_client, (idx, cn, cstates, ckeys), pre_strategy,
-                               pre_chunk, mesh, unroll)
-      for c in pre_comps:
-        agg = (c.pre_aggregator or mean_agg).finalize(pre_sums[c.name])
-        extras[c.name] = c.pre_update(extras.get(c.name), agg, ctx0)
-
-    ctx_b = Context(extras=extras, client={}, **base_ctx)
-
-    def client(inp):
-      i, n, cs, k = inp
-      x, y = data.x[i], data.y[i]
-      ctx = ctx_b.replace(client=cs)
-      k_train, k_msg = jax.random.split(k)
-      params, step_losses = local_train(model, kind, algorithm, ctx, x, y, n, k_train)
-      delta = jax.tree.map(jnp.subtract, server.params, params)
-      w = weight_of(n)
-      stats = {"__main__": algorithm.aggregator.lift(delta, w),
-               "__loss__": (w * jnp.mean(step_losses), w)}
-      new_cs = dict(cs)
-      for c in msg_comps:
-        msg, ncs = c.message(model, kind, server.params, params, (x, y, n), ctx, k_msg,
-                             algorithm.local_steps, client_lr)
-        stats[c.name] = (c.aggregator or mean_agg).lift(msg, w)
-        if c.name in cs:
-          new_cs[c.name] = ncs
-      return stats, new_cs
-
-    sums, new_cstates = map_reduce(client, (idx, cn, cstates, ckeys), strategy,
-                                   chunk, mesh, unroll)
-    if traced and traced_names(algorithm.aggregator):  # a sweep replica's traced tau
-      pseudo_grad = algorithm.aggregator.finalize(sums["__main__"], hparams=traced)
-    else:
-      pseudo_grad = algorithm.aggregator.finalize(sums["__main__"])
-    for c in upd_comps:
-      agg = (c.aggregator or mean_agg).finalize(sums[c.name]) if c.message else None
-      extras[c.name], pseudo_grad = c.server_update(extras.get(c.name), agg, pseudo_grad,
-                                                    ctx_b)
-    updates, opt_state = algorithm.server_optimizer.update(pseudo_grad, server.opt_state,
-                                                           server.params)
-    if "server_lr" in traced:  # a sweep replica: the server optimizer was built at lr = 1
-      updates = jax.tree.map(lambda u: u * traced["server_lr"], updates)
-    new_server = ServerState(params=optax.apply_updates(server.params, updates),
-                             opt_state=opt_state, round=server.round + 1, extras=extras)
+      pre_sums, _ = map_reduce(lambda inp: (parts.pre_client(server, data, inp), None), xs,
+                               pre_strategy, pre_chunk, mesh, unroll)
+      extras = parts.pre_finish(server, pre_sums)
+    sums, new_cstates = map_reduce(lambda inp: parts.client(server, extras, data, inp), xs,
+                                   strategy, chunk, mesh, unroll)
+    new_server, metrics = parts.finish(server, extras, sums)
     client_states = jax.tree.map(lambda pool, new: pool.at[idx].set(new),
                                  client_states, new_cstates)
-    loss_sum, wsum = sums["__loss__"]
-    metrics = {"train_loss": loss_sum / wsum, "clients": idx}
+    metrics["clients"] = idx
     return new_server, client_states, metrics
 
   round_fn.strategy = strategy
@@ -449,3 +384,242 @@ def build_round(model, kind: str, algorithm: Algorithm, num_clients: int,
   wrapper.strategy = strategy
   wrapper.jitted = jitted
   return wrapper
+
+
+class RoundParts(NamedTuple):
+  """The phases of one round (message protocol in ``core/algorithm.py``), shared by every
+  execution strategy: the jitted round of :func:`build_round` composes them with
+  :func:`map_reduce`; :class:`LoopRound` compiles them one by one and loops in Python.
+
+  ``inp = (i, n, cs, k)``: a sampled client's pool index (int32), its size (int32), its
+  persistent state (no client axis) and its key.
+    sample(server, key) -> (idx [C] int32, ckeys [C] keys);
+    pre_client(server, data, inp) -> {component: lifted pre-stage message} (None when no
+      component has a pre-stage);
+    pre_finish(server, pre_sums) -> extras (the components' server states after pre_update);
+    client(server, extras, data, inp) -> (stats, new client state): local training, the
+      lifted pseudo-gradient ``'__main__'``, the weighted loss ``'__loss__'`` and each
+      component's lifted message;
+    finish(server, extras, sums) -> (new ServerState, {'train_loss': scalar}).
+  """
+  sample: Callable
+  pre_client: Callable | None
+  pre_finish: Callable
+  client: Callable
+  finish: Callable
+
+
+def round_parts(model, kind: str, algorithm: Algorithm, num_clients: int,
+                clients_per_round: int) -> RoundParts:
+  """The round's phases for ``algorithm`` on pool size ``N = num_clients`` and cohort
+  ``C = clients_per_round`` (see :class:`RoundParts`). Pure functions, not jitted."""
+  comps = algorithm.components
+  pre_comps = [c for c in comps if c.pre_message is not None]
+  msg_comps = [c for c in comps if c.message is not None]
+  upd_comps = [c for c in comps if c.server_update is not None]
+  mean_agg = weighted_mean()
+  server_chain = optax.with_extra_args_support(algorithm.server_optimizer)
+
+  def weight_of(n):
+    if algorithm.weighting == "uniform":
+      return jnp.ones((), jnp.float32)
+    return n.astype(jnp.float32)
+
+  def ctx_of(server, extras, cs=None):
+    return Context(params=server.params, round=server.round, extras=extras,
+                   client={} if cs is None else cs,
+                   num_clients=jnp.float32(num_clients),
+                   cohort=jnp.float32(clients_per_round))
+
+  def sample(server, key):
+    k_sample, k_clients = jax.random.split(jax.random.fold_in(key, server.round))
+    idx = jax.random.choice(k_sample, num_clients, (clients_per_round,), replace=False)
+    ckeys = jax.vmap(lambda i: jax.random.fold_in(k_clients, i))(idx)
+    return idx, ckeys
+
+  def pre_client(server, data, inp):
+    i, n, cs, k = inp
+    ctx = ctx_of(server, dict(server.extras), cs)
+    w = weight_of(n)
+    return {c.name: (c.pre_aggregator or mean_agg).lift(
+        c.pre_message(model, kind, server.params, (data.x[i], data.y[i], n), ctx,
+                      jax.random.fold_in(k, 1)), w) for c in pre_comps}
+
+  def pre_finish(server, pre_sums):
+    extras = dict(server.extras)
+    ctx0 = ctx_of(server, extras)  # sees the states updated so far (same dict)
+    for c in pre_comps:
+      agg = (c.pre_aggregator or mean_agg).finalize(pre_sums[c.name])
+      extras[c.name] = c.pre_update(extras.get(c.name), agg, ctx0)
+    return extras
+
+  def client(server, extras, data, inp):
+    i, n, cs, k = inp
+    x, y = data.x[i], data.y[i]
+    ctx = ctx_of(server, extras, cs)
+    k_train, k_msg = jax.random.split(k)
+    params, step_losses = local_train(model, kind, algorithm, ctx, x, y, n, k_train)
+    delta = jax.tree.map(jnp.subtract, server.params, params)
+    w = weight_of(n)
+    stats = {"__main__": algorithm.aggregator.lift(delta, w),
+             "__loss__": (w * jnp.mean(step_losses), w)}
+    client_lr = extras.get(HPARAMS, {}).get("client_lr", algorithm.client_lr)
+    new_cs = dict(cs)
+    for c in msg_comps:
+      msg, ncs = c.message(model, kind, server.params, params, (x, y, n), ctx, k_msg,
+                           algorithm.local_steps, client_lr)
+      stats[c.name] = (c.aggregator or mean_agg).lift(msg, w)
+      if c.name in cs:
+        new_cs[c.name] = ncs
+    return stats, new_cs
+
+  def finish(server, extras, sums):
+    extras = dict(extras)
+    ctx_b = ctx_of(server, extras)
+    traced = server.extras.get(HPARAMS, {})
+    if traced and traced_names(algorithm.aggregator):  # a sweep replica's traced tau
+      pseudo_grad = algorithm.aggregator.finalize(sums["__main__"], hparams=traced)
+    else:
+      pseudo_grad = algorithm.aggregator.finalize(sums["__main__"])
+    messages = {c.name: (c.aggregator or mean_agg).finalize(sums[c.name])
+                for c in msg_comps}
+    for c in upd_comps:
+      extras[c.name], pseudo_grad = c.server_update(extras.get(c.name),
+                                                    messages.get(c.name), pseudo_grad,
+                                                    ctx_b)
+    # The server chain: every stage sees the aggregated client messages and the context
+    # (optax extra args), e.g. FedGMA's mask after the server optimizer.
+    updates, opt_state = server_chain.update(pseudo_grad, server.opt_state, server.params,
+                                             messages=messages, ctx=ctx_b)
+    if "server_lr" in traced:  # a sweep replica: the server optimizer was built at lr = 1
+      updates = jax.tree.map(lambda u: u * traced["server_lr"], updates)
+    new_server = ServerState(params=optax.apply_updates(server.params, updates),
+                             opt_state=opt_state, round=server.round + 1, extras=extras)
+    loss_sum, wsum = sums["__loss__"]
+    return new_server, {"train_loss": loss_sum / wsum}
+
+  return RoundParts(sample, pre_client if pre_comps else None, pre_finish, client, finish)
+
+
+class LoopRound:
+  """Execution strategy ``'loop'``: the round as a Python loop over the sampled clients of
+  one compiled single-client update (FedJAX's ``for_each_client`` jit design; the
+  benchmark baseline). Same :func:`round_parts` as the jitted strategies, so the same
+  numbers up to float32 summation order (``tests/test_bench.py``); the aggregator's sums
+  accumulate on device inside the compiled client call.
+
+  ``compile(server, client_states, data, key)`` AOT-compiles every piece (returns the
+  seconds spent); ``self(server, client_states, data, key) -> (server, client_states,
+  metrics)`` as a ``round_fn`` (``client_states`` is donated). Not jittable as a whole:
+  it is the baseline, not for ``simulation.run``.
+  """
+
+  def __init__(self, model, kind: str, algorithm: Algorithm, num_clients: int,
+               clients_per_round: int):
+    losses.check_kind(kind)
+    if not 1 <= clients_per_round <= num_clients:
+      raise ValueError(f"clients_per_round={clients_per_round} must be in "
+                       f"[1, {num_clients}] (the pool has {num_clients} clients).")
+    self.cohort = int(clients_per_round)
+    self.strategy = "loop"
+    self._compiled = None
+    p = round_parts(model, kind, algorithm, num_clients, clients_per_round)
+    self.has_pre = p.pre_client is not None
+
+    def inp(pool_cs, data, idx, ckeys, j):
+      i = idx[j]
+      return i, data.n[i], jax.tree.map(lambda a: a[i], pool_cs), ckeys[j]
+
+    def pre_acc(acc, server, pool_cs, data, idx, ckeys, j):
+      stats = p.pre_client(server, data, inp(pool_cs, data, idx, ckeys, j))
+      return jax.tree.map(jnp.add, acc, stats)
+
+    def client_stats(pool_cs, server, extras, data, idx, ckeys, j):
+      return p.client(server, extras, data, inp(pool_cs, data, idx, ckeys, j))[0]
+
+    def client_acc(acc, pool_cs, server, extras, data, idx, ckeys, j):
+      # Sampling is without replacement, so writing client i's new state right away
+      # equals the jitted strategies' gather-all / scatter-all.
+      stats, new_cs = p.client(server, extras, data, inp(pool_cs, data, idx, ckeys, j))
+      pool_cs = jax.tree.map(lambda pool, new: pool.at[idx[j]].set(new), pool_cs, new_cs)
+      return jax.tree.map(jnp.add, acc, stats), pool_cs
+
+    def pre_stats(server, pool_cs, data, idx, ckeys, j):
+      return p.pre_client(server, data, inp(pool_cs, data, idx, ckeys, j))
+
+    self._fns = dict(sample=p.sample, pre_stats=pre_stats, pre_acc=pre_acc,
+                     pre_finish=p.pre_finish, client_stats=client_stats,
+                     client_acc=client_acc, finish=p.finish)
+
+  @staticmethod
+  def _zeros(fn, *args):
+    shapes = jax.eval_shape(fn, *args)
+    return jax.jit(lambda: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes))
+
+  def compile(self, server, client_states, data, key) -> float:
+    """AOT-compiles every piece for these argument shapes; returns compile seconds."""
+    import time
+    f, j0 = self._fns, np.int32(0)
+    t0 = time.perf_counter()
+    c = {"sample": jax.jit(f["sample"]).lower(server, key).compile()}
+    idx, ckeys = jax.eval_shape(f["sample"], server, key)
+    extras = server.extras
+    if self.has_pre:
+      c["pre_zeros"] = self._zeros(f["pre_stats"], server, client_states, data, idx, ckeys,
+                                   j0)
+      zp = jax.eval_shape(c["pre_zeros"])
+      c["pre_acc"] = jax.jit(f["pre_acc"], donate_argnums=(0,)).lower(
+          zp, server, client_states, data, idx, ckeys, j0).compile()
+      c["pre_finish"] = jax.jit(f["pre_finish"]).lower(server, zp).compile()
+      extras = jax.eval_shape(f["pre_finish"], server, zp)
+    c["zeros"] = self._zeros(f["client_stats"], client_states, server, extras, data, idx,
+                             ckeys, j0)
+    z = jax.eval_shape(c["zeros"])
+    c["client_acc"] = jax.jit(f["client_acc"], donate_argnums=(0, 1)).lower(
+        z, client_states, server, extras, data, idx, ckeys, j0).compile()
+    c["finish"] = jax.jit(f["finish"]).lower(server, extras, z).compile()
+    self._compiled = c
+    return time.perf_counter() - t0
+
+  def pieces(self, server, client_states, data, key) -> list:
+    """``[(count, fn, args)]``: every compiled piece of one round with abstract arguments
+    and how many times a round calls it (for FLOP counting from jaxprs)."""
+    if self._compiled is None:
+      self.compile(server, client_states, data, key)
+    f, j0 = self._fns, np.int32(0)
+    idx, ckeys = jax.eval_shape(f["sample"], server, key)
+    out = [(1, f["sample"], (server, key))]
+    extras = server.extras
+    if self.has_pre:
+      zp = jax.eval_shape(self._compiled["pre_zeros"])
+      out += [(self.cohort, f["pre_acc"], (zp, server, client_states, data, idx, ckeys, j0)),
+              (1, f["pre_finish"], (server, zp))]
+      extras = jax.eval_shape(f["pre_finish"], server, zp)
+    z = jax.eval_shape(self._compiled["zeros"])
+    out += [(self.cohort, f["client_acc"],
+             (z, client_states, server, extras, data, idx, ckeys, j0)),
+            (1, f["finish"], (server, extras, z))]
+    return out
+
+  def client_memory(self):
+    """XLA's ``memory_analysis()`` of the compiled single-client update."""
+    return self._compiled["client_acc"].memory_analysis()
+
+  def __call__(self, server, client_states, data, key):
+    if self._compiled is None:
+      self.compile(server, client_states, data, key)
+    c = self._compiled
+    idx, ckeys = c["sample"](server, key)
+    extras = server.extras
+    if self.has_pre:
+      acc = c["pre_zeros"]()
+      for j in range(self.cohort):
+        acc = c["pre_acc"](acc, server, client_states, data, idx, ckeys, np.int32(j))
+      extras = c["pre_finish"](server, acc)
+    acc = c["zeros"]()
+    for j in range(self.cohort):
+      acc, client_states = c["client_acc"](acc, client_states, server, extras, data, idx,
+                                           ckeys, np.int32(j))
+    server, metrics = c["finish"](server, extras, acc)
+    metrics["clients"] = idx
+    return server, client_states, metrics
