@@ -15,7 +15,7 @@ import pytest
 from fedjax_inv import aggregators as aggs
 from fedjax_inv import models, penalties
 from fedjax_inv.algorithms import make_algorithm, registry
-from fedjax_inv.algorithms import fedilc
+from fedjax_inv.algorithms import fedcurv, fedilc, fishr
 from fedjax_inv.core import losses
 from fedjax_inv.core.algorithm import Batch, Context
 from fedjax_inv.core.data import ClientData
@@ -406,7 +406,7 @@ def test_fedcurv_penalty_closed_form():
   for i in range(4):
     want = sum(float(jnp.sum(f[k] * (theta[k] - t[k]) ** 2))
                for j, (f, t) in enumerate(zip(fs, ths)) if j != i for k in shape)
-    got = float(fedilc.fedcurv_penalty(theta, sums, contrib[i]))
+    got = float(fedcurv.fedcurv_penalty(theta, sums, contrib[i]))
     np.testing.assert_allclose(got, want, rtol=1e-4)
 
 
@@ -605,7 +605,7 @@ def test_fishr_rejects_regression_before_running():
   """Fishr's C_e needs class likelihoods; the error names the kind."""
   model = _DATA["tiny"][1]
   with pytest.raises(ValueError, match="regression"):
-    fedilc.client_grad_variance(model, "regression", model.init(0), jnp.zeros((3, 6)),
+    fishr.client_grad_variance(model, "regression", model.init(0), jnp.zeros((3, 6)),
                                 jnp.zeros((3,)), jnp.int32(3))
 
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from fedjax_inv.algorithms import make_algorithm
-from fedjax_inv.algorithms import invariance
+from fedjax_inv.algorithms import fediir, invariance
 from fedjax_inv.core.algorithm import Batch, Context
 from fedjax_inv.core.engine import build_round, default_forward, init_state
 from tests.reference import batch_indices, round_keys
@@ -249,7 +249,7 @@ def test_fediir_penalty_value_and_featurizer_gradient(tiny_binary):
   """The penalty's gradient reaches the featurizer (second order through ∇_ω R)."""
   data, model = tiny_binary
   gamma = 2.0
-  comp = invariance.fediir_component(gamma=gamma)
+  comp = fediir.fediir_component(gamma=gamma)
   params = model.init(1)
   x, y = data.x[1, :16], data.y[1, :16]
   w = jnp.ones(16)
@@ -284,9 +284,9 @@ def test_fediir_penalty_value_and_featurizer_gradient(tiny_binary):
   # A first-order port (inner gradient treated as a constant) would get exactly zero
   # featurizer gradient — the silent failure this test guards against.
   def detached(p):
-    g = jax.lax.stop_gradient(invariance.classifier_risk_grad(
+    g = jax.lax.stop_gradient(fediir.classifier_risk_grad(
         model, "binary", p, model.features(p, x), y, w))
-    return invariance.gradient_alignment(g, target, gamma)
+    return fediir.gradient_alignment(g, target, gamma)
   dead = jax.jit(jax.grad(detached))(params)
   assert all(float(jnp.max(jnp.abs(a))) == 0.0 for a in jax.tree.leaves(dead))
 

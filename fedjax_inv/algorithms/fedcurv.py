@@ -1,5 +1,6 @@
 """FedCurv (Shoham et al. 2019): diagonal Fishers summed over the pool and the penalty
-``λ Σ_{j≠i} F_j (θ − θ_j)²``. Factories: ``fedjax_inv/algorithms/fedilc.py``.
+``λ Σ_{j≠i} F_j (θ − θ_j)²`` (registry ``fedcurv_shoham``). FedILC's "FedCurv" baseline
+(FedSGD + Fishr) is ``fedcurv`` in ``fedilc.py``; see docs/ALGORITHMS.md#fedcurv.
 """
 from __future__ import annotations
 
@@ -9,10 +10,14 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_inv import aggregators as aggs
+from fedjax_inv.algorithms import base
+from fedjax_inv.algorithms.base import register
+from fedjax_inv.algorithms.fedsgd_type import WEIGHTINGS, server_settings
 from fedjax_inv.algorithms.fishr import _sum_over_examples, _zero_where  # noqa: F401
 from fedjax_inv.core import losses
-from fedjax_inv.core.algorithm import Component
-from fedjax_inv.core.validation import nonneg as _nonneg, pos_int as _pos_int
+from fedjax_inv.core.algorithm import Algorithm, Component
+from fedjax_inv.core.validation import choice as _choice, nonneg as _nonneg
+from fedjax_inv.core.validation import pos_int as _pos_int, positive as _positive
 
 PyTree = Any
 
@@ -138,3 +143,57 @@ def fedcurv_component(curv_lambda: float, fisher_chunk: int = 64) -> Component:
   return Component(name="fedcurv", init_server=zeros, init_client=zeros, loss=loss,
                    message=message, aggregator=_sum_aggregator(),
                    server_update=server_update)
+
+
+@register("fedcurv_shoham", paper="Shoham et al. 2019 (FedCurv)",
+          summary="local training + lambda * sum_{j!=i} F_j (theta - theta_j)^2 from pool "
+                  "sums of diagonal Fishers (Shoham et al.'s FedCurv), server Adam",
+          fixed=("weight_decay",))
+def fedcurv_shoham(*, curv_lambda: float = 1.0, client_optimizer: str = "sgd",
+                   client_lr: float = 1.0, local_steps: int = 1, batch_size=None,
+                   client_weight_decay: float = 0.0, fisher_chunk: int = 64,
+                   weighting: str = "num_examples", **kw) -> Algorithm:
+  """Shoham et al.'s FedCurv: clients minimize ``L_i(θ) + λ Σ_{j≠i} Σ_k F_{j,k}(θ_k −
+  θ̂_{j,k})²`` with the last local model ``θ̂_j`` and diagonal Fisher ``F_j`` of every
+  pool client ``j`` that has participated (pool sums, ``fedcurv_component``); the
+  pseudo-gradients are averaged (``weighting``) and go to FedILC's server optimizer.
+
+  Defaults put it on FedILC's footing (one full-batch ``sgd(1.0)`` step, server Adam lr
+  3e-4, wd 0.01); Shoham et al.'s own setting is FedAvg-type local training
+  (``local_steps > 1``, smaller ``client_lr``, ``server_optimizer='sgd'``,
+  ``server_lr=1``, ``weight_decay=0``). ``weight_decay`` is the *server's* (registered
+  ``fixed``: a task's client weight decay is not routed to it; ``client_weight_decay`` is
+  the clients').
+
+  Args:
+    curv_lambda: ``λ >= 0`` (not given by FedILC; 1.0 here).
+    client_optimizer, client_lr, local_steps, batch_size, client_weight_decay: local
+      training (``base.client_optimizer``: 'sgd' | 'momentum' | 'adam').
+    fisher_chunk: examples per vectorized chunk of per-example gradients (memory only).
+    weighting: 'num_examples' | 'uniform'.
+    **kw: the server knobs of ``fedsgd_type.server_optimizer``.
+
+  Raises:
+    ValueError: any bad value (named, with the fix) or unknown keyword.
+
+  Source: Shoham et al. 2019 §3-4; FedILC §5 (baseline, server Adam §5.1).
+  """
+  opt, hp = server_settings("fedcurv_shoham", kw, ("curv_lambda", "client_optimizer",
+                            "client_lr", "local_steps", "client_weight_decay",
+                            "fisher_chunk"))
+  local_steps = _pos_int("local_steps", local_steps)
+  batch_size = _pos_int("batch_size", batch_size, allow_none=True,
+                        none_means="the full client data")
+  cwd = _nonneg("client_weight_decay", client_weight_decay)
+  _positive("client_lr", client_lr)
+  _choice("weighting", weighting, WEIGHTINGS)
+  copt = base.client_optimizer(client_optimizer, client_lr, weight_decay=cwd)
+  comp = fedcurv_component(curv_lambda, fisher_chunk)
+  hp = dict(curv_lambda=float(curv_lambda), client_optimizer=client_optimizer,
+            client_lr=float(client_lr), local_steps=local_steps, batch_size=batch_size,
+            client_weight_decay=cwd, fisher_chunk=int(fisher_chunk), weighting=weighting,
+            aggregator="mean", **hp)
+  return Algorithm(name="fedcurv_shoham", client_optimizer=copt, server_optimizer=opt,
+                   local_steps=local_steps, batch_size=batch_size,
+                   aggregator=aggs.weighted_mean(), weighting=weighting,
+                   components=(comp,), client_lr=float(client_lr), hparams=hp)

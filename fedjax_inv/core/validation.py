@@ -71,3 +71,10 @@ def choice(name: str, value, choices):
   if value not in choices:
     raise ValueError(f"{name}={value!r}; choose one of {tuple(choices)}.")
   return value
+
+
+def flag(name: str, value, meaning: str = "") -> bool:
+  """``value`` if it is a bool (``1``, ``'yes'`` are refused: a typo must not pass)."""
+  if not isinstance(value, bool):
+    raise ValueError(f"{name}={value!r}; pass True or False{meaning}.")
+  return value

@@ -162,12 +162,8 @@ def make_colored_mnist(variant: str = 'irm',
     ValueError: unknown variant / ood_images, or data too small to split.
     FileNotFoundError, RuntimeError: from `sources.load_dataset`.
   """
-  if variant not in VARIANTS:
-    raise ValueError(f'unknown ColoredMNIST variant {variant!r}; valid: '
-                     f'{", ".join(VARIANTS)}')
-  if ood_images not in OOD_IMAGES:
-    raise ValueError(f'unknown ood_images {ood_images!r}; valid: '
-                     f'{", ".join(OOD_IMAGES)}')
+  sources.check_one_of('ColoredMNIST variant', variant, VARIANTS)
+  sources.check_one_of('ood_images', ood_images, OOD_IMAGES)
   cfg = VARIANTS[variant]
   flips = list(cfg['train_color_flips'])
   k = len(flips)

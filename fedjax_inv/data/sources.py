@@ -166,6 +166,13 @@ def default_data_dir() -> Optional[pathlib.Path]:
 # ----------------------------------------------------------------------------
 
 
+def check_one_of(what: str, value, valid, label: str = 'valid') -> None:
+  """Raises ``ValueError('unknown {what} {value!r}; {label}: a, b')`` unless ``value`` is
+  one of ``valid`` (names of datasets, sources, variants)."""
+  if value not in valid:
+    raise ValueError(f'unknown {what} {value!r}; {label}: {", ".join(valid)}')
+
+
 def load_dataset(name: str,
                  data_dir: Optional[PathLike] = None,
                  source: str = 'auto',
@@ -199,12 +206,8 @@ def load_dataset(name: str,
       unavailable; the message lists the expected files and directories.
     RuntimeError: ``download=True`` and the download failed.
   """
-  if name not in DATASET_NAMES:
-    raise ValueError(f'unknown dataset name {name!r}; valid names: '
-                     f'{", ".join(DATASET_NAMES)}')
-  if source not in SOURCES:
-    raise ValueError(f'unknown source {source!r}; valid sources: '
-                     f'{", ".join(SOURCES)}')
+  check_one_of('dataset name', name, DATASET_NAMES, 'valid names')
+  check_one_of('source', source, SOURCES, 'valid sources')
   explicit = data_dir is not None and str(data_dir) != ''
   root = pathlib.Path(data_dir).expanduser() if explicit else default_data_dir()
   if explicit and not download and not root.is_dir():
