@@ -5,6 +5,7 @@
   fedjax-inv run --algorithm fedprox --rounds 100 --hp mu=0.1
   fedjax-inv run --config exp.yaml     # JSON or YAML, keys = flag names; flags override
   fedjax-inv list
+  fedjax-inv hparams fedprox --task colored_mnist   # defaults, task values, search space
 """
 from __future__ import annotations
 
@@ -129,7 +130,30 @@ def cmd_list(args) -> int:
   print("\nAlgorithms:")
   for name, e in sorted(registry().items()):
     print(f"  {name:24s} {e.summary}  [{e.paper}]")
-  print("\nExecution strategies: auto, vmap, scan, chunked")
+  print("\nExecution strategies: auto, vmap, scan, chunked (and loop, the benchmark "
+        "baseline)")
+  return 0
+
+
+def cmd_hparams(args) -> int:
+  """``fedjax-inv hparams ALGORITHM [--task T]``: the registry's view of one algorithm
+  (``algorithms/hparams.py``): resolved defaults, the task's values (its paper's, when the
+  task sets them), and the search space of ``run --search``."""
+  from fedjax_inv.algorithms import hparams as hp
+  defaults = hp.defaults(args.algorithm)
+  print(f"{args.algorithm}: defaults (the factory's, resolved)")
+  for k, v in defaults.items():
+    print(f"  {k:22s} {v!r}")
+  if args.task:
+    from fedjax_inv.tasks import make_task
+    task = make_task(args.task)
+    print(f"\non task {args.task!r} (its defaults, per_algorithm block: the paper's values "
+          "where the task reproduces one)")
+    for k, v in task.algorithm_settings(args.algorithm).items():
+      print(f"  {k:22s} {v!r}")
+  print("\nsearch space (fedjax-inv run --search N)")
+  for k, r in hp.search_space(args.algorithm).items():
+    print(f"  {k:22s} {r.describe():24s} {r.source}")
   return 0
 
 
@@ -150,6 +174,10 @@ def main(argv=None) -> int:
   sub = parser.add_subparsers(dest="command")
   _run_parser(sub)
   sub.add_parser("list", help="list tasks and algorithms")
+  hp = sub.add_parser("hparams", help="an algorithm's defaults, a task's values and the "
+                      "search space of run --search")
+  hp.add_argument("algorithm", help="registered algorithm name (fedjax-inv list)")
+  hp.add_argument("--task", help="also show this task's values for the algorithm")
   try:
     from fedjax_inv.bench import add_parser as add_bench
     add_bench(sub)
@@ -165,6 +193,8 @@ def main(argv=None) -> int:
       return cmd_run(args)
     if args.command == "list":
       return cmd_list(args)
+    if args.command == "hparams":
+      return cmd_hparams(args)
     return args.func(args)
   except (ValueError, FileNotFoundError, RuntimeError, MemoryError) as e:
     print(f"fedjax-inv: error: {e}", file=sys.stderr)

@@ -70,6 +70,12 @@ RUN_KEYS = {  # config key -> (type, help); every help states the default
                     "row of the table; batched as one program when the names can be "
                     "traced (client_lr, server_lr, mu, fishr_lambda, gamma, tau) and "
                     "--replicas allows; default none"),
+    "search": (int, "random hyperparameter search: N points per algorithm drawn from its "
+                    "search space (fedjax-inv hparams ALGORITHM; DomainBed-style), each × "
+                    "every seed a row of the table; names fixed with --hp are kept; not "
+                    "with --sweep; default off"),
+    "search_seed": (int, "seed of --search's draws (>= 0; the points depend on it and the "
+                         "algorithm only); default 0"),
     "holdout": (str, "leave-one-domain-out: 'all' or comma-separated domains (domain "
                      "tasks); default off"),
     "select": (str, "model-selection rules, comma-separated (e.g. 'min:ood_loss'), or "
@@ -85,7 +91,7 @@ _CHECKS = {
     "rounds": ("int", 1), "clients_per_round": ("int", 1), "local_steps": ("int", 1),
     "seed": ("int", 0), "seeds": ("int", 1), "chunk_size": ("int", 1),
     "eval_every": ("int", 1), "last_k": ("int", 0), "checkpoint_every": ("int", 1),
-    "rounds_per_call": ("int", 1),
+    "rounds_per_call": ("int", 1), "search": ("int", 1), "search_seed": ("int", 0),
     "lr": ("pos", None), "server_lr": ("pos", None), "tau": ("unit", None),
     "execution": ("choice", ("auto", "vmap", "scan", "chunked", "probe")),
     "replicas": ("choice", ("auto", "batched", "sequential")),

@@ -295,13 +295,22 @@ def run_experiment(cfg: dict, progress: bool = True, overrides=None,
       raise ValueError(f"--sweep {scope}.…: {scope!r} is not an algorithm of this run "
                        f"({', '.join(algos)}).")
   specs = {a: sweep_lib.spec_for(parsed, a) for a in algos}
+  pts = {a: sweep_lib.points(specs[a]) for a in algos}
+  if cfg.get("search"):  # random search from the registry (algorithms/hparams.py)
+    if cfg.get("sweep"):
+      raise ValueError("--search and --sweep both given; use one (--search draws its "
+                       "points from `fedjax-inv hparams ALGORITHM`'s search space).")
+    from fedjax_inv.algorithms import hparams as hparams_lib
+    pts = {a: hparams_lib.random_points(a, int(cfg["search"]), int(cfg.get("search_seed")
+                                                                    or 0),
+                                        exclude=per_algo[a]) for a in algos}
   for a in algos:
     clash = sorted(set(specs[a]) & set(per_algo[a]))
     if clash:
       raise ValueError(f"{clash} ({a}) given both in --sweep and as a fixed value (--hp, "
                        "--lr, ...); give each name once.")
-    for p in sweep_lib.points(specs[a]):
-      check_hparams(a, p, flag="--sweep")
+    for p in pts[a]:
+      check_hparams(a, p, flag="--search" if cfg.get("search") else "--sweep")
   task = make_task(cfg["task"], data_dir=cfg.get("data_dir"),
                    source=cfg.get("source") or "auto",
                    download=bool(cfg.get("download")), seed=seed0)
@@ -320,7 +329,7 @@ def run_experiment(cfg: dict, progress: bool = True, overrides=None,
     make = lambda p, a=a: make_algorithm(a, **task.algorithm_settings(
         a, {**per_algo[a], **p}))
     try:
-      plans[a] = sweep_lib.plan(a, make, sweep_lib.points(specs[a]))
+      plans[a] = sweep_lib.plan(a, make, pts[a])
     except ValueError as e:
       if len(algos) > 1 and "unknown hyperparameters" in str(e):
         raise ValueError(f"{e} (with several algorithms, scope a value to one: "
@@ -508,6 +517,13 @@ def run_experiment(cfg: dict, progress: bool = True, overrides=None,
   if sweep_notes:
     summary["sweep"] = {a: {"points": plans[a].points, "runs": sweep_notes[a]}
                         for a in sweep_notes}
+  if cfg.get("search"):
+    from fedjax_inv.algorithms import hparams as hparams_lib
+    summary["search"] = {a: {"points": int(cfg["search"]),
+                             "seed": int(cfg.get("search_seed") or 0),
+                             "space": {k: f"{r.describe()} ({r.source})" for k, r in
+                                       hparams_lib.search_space(a).items()
+                                       if k not in per_algo[a]}} for a in algos}
   if status != "ok":
     summary["failed_runs"] = [{"algorithm": r["algorithm"], "seed": r["seed"],
                                "status": r["status"],
@@ -562,8 +578,8 @@ def run_holdout_experiment(cfg: dict, progress: bool = True, overrides=None,
       raise ValueError(f"{config.flag(key)} {cfg[key]}: not supported with --holdout yet "
                        "(leave-one-domain-out runs one held-out domain at a time); leave "
                        "it out.")
-  if cfg.get("sweep"):
-    raise ValueError("--sweep is not supported with --holdout yet (leave-one-domain-out "
+  if cfg.get("sweep") or cfg.get("search"):
+    raise ValueError("--sweep / --search are not supported with --holdout yet (leave-one-domain-out "
                      "runs one held-out domain at a time); run one --holdout run per "
                      "setting (--hp NAME=VALUE).")
   scoped = [k for k in (overrides or {}) if "." in k]
