@@ -579,7 +579,8 @@ def run_holdout_experiment(cfg: dict, progress: bool = True, overrides=None,
                        "(leave-one-domain-out runs one held-out domain at a time); leave "
                        "it out.")
   if cfg.get("sweep") or cfg.get("search"):
-    raise ValueError("--sweep / --search are not supported with --holdout yet (leave-one-domain-out "
+    which = "--sweep" if cfg.get("sweep") else "--search"
+    raise ValueError(f"{which} is not supported with --holdout yet (leave-one-domain-out "
                      "runs one held-out domain at a time); run one --holdout run per "
                      "setting (--hp NAME=VALUE).")
   scoped = [k for k in (overrides or {}) if "." in k]

@@ -361,3 +361,23 @@ def test_inv_fedavg_warns_when_the_run_ends_before_the_warmup(tiny_binary):
   _Task.model = model
   with pytest.warns(UserWarning, match="warmup_rounds=5"):
     run(_Task(), alg, rounds=2, progress=False, reporting=None)
+
+
+def test_lambda_schedule_is_an_optax_schedule():
+  """Issue 14: λ(t) is an optax schedule; the default is the warm-up step, and any other
+  schedule (here a linear ramp) replaces it in the client objective's λ and loss scale."""
+  import types
+
+  import optax
+  step = invariance.penalty_schedule(1e4, 3)
+  assert [float(step(t)) for t in range(5)] == [0.0, 0.0, 0.0, 1e4, 1e4]
+  ramp = optax.linear_schedule(0.0, 100.0, 10)
+  comp = invariance.irm_component(lambda_schedule=ramp)
+  scales = [float(comp.loss_scale(types.SimpleNamespace(round=jnp.int32(t))))
+            for t in (0, 1, 5, 10, 20)]
+  assert scales == [1.0, 10.0, 50.0, 100.0, 100.0]  # max(λ(t), 1)
+  alg = make_algorithm("inv_fedavg", lambda_schedule=ramp)
+  assert "warmup_rounds" not in alg.hparams  # the step knobs do not apply
+  assert alg.hparams["lambda_schedule"]
+  with pytest.raises(ValueError, match="lambda_schedule"):
+    invariance.irm_component(lambda_schedule=3.0)

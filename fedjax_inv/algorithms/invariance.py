@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import optax
 
 from fedjax_inv import penalties
 from fedjax_inv.algorithms.base import build, register
@@ -35,28 +36,33 @@ def _irm_loss_name(kind: str) -> str:
 # ---------------------------------------------------------------------------------------
 
 
-def irm_schedule(round_, penalty_weight: float, warmup_rounds: int,
-                 warmup_weight: float = 0.0) -> jax.Array:
-  """IRM penalty weight ``λ(t)`` of round ``t`` (0-based).
-
-  ``λ(t) = warmup_weight`` for ``t < warmup_rounds`` and ``penalty_weight`` afterwards:
-  first FedAvg minimizes the empirical risk, then the penalty dominates ("several orders
-  of magnitude larger than the empirical loss").
-
-  Args:
-    round_: int scalar (may be traced), the 0-based round index ``t``.
-    penalty_weight: ``λ`` after the warm-up (>= 0).
-    warmup_weight: ``λ`` during the warm-up (Invariant FedAvg: 0; IRM's reference code
-      uses 1.0).
+def penalty_schedule(penalty_weight: float, warmup_rounds: int,
+                     warmup_weight: float = 0.0):
+  """Invariant FedAvg's ``λ(t)`` as an optax schedule of the 0-based round ``t``:
+  ``warmup_weight`` for ``t < warmup_rounds``, then ``penalty_weight`` (FedAvg minimizes
+  the empirical risk first, then the penalty dominates). Any other ``optax.Schedule``
+  (e.g. ``optax.linear_schedule`` for a ramp) can replace it: ``inv_fedavg(
+  lambda_schedule=...)``.
 
   Returns:
-    float32 scalar ``λ(t)``.
+    ``optax.Schedule``: ``round (int scalar, may be traced) -> λ`` (float scalar).
 
   Source: Invariant FedAvg §3.3 (schedule over λ); IRM (Arjovsky et al. 2019) reference
   code ``penalty_anneal_iters``.
   """
-  return jnp.where(jnp.asarray(round_) < warmup_rounds, jnp.float32(warmup_weight),
-                   jnp.float32(penalty_weight))
+  return optax.join_schedules([optax.constant_schedule(float(warmup_weight)),
+                               optax.constant_schedule(float(penalty_weight))],
+                              [int(warmup_rounds)])
+
+
+def irm_schedule(round_, penalty_weight: float, warmup_rounds: int,
+                 warmup_weight: float = 0.0) -> jax.Array:
+  """IRM penalty weight ``λ(t)`` of round ``t`` (0-based): :func:`penalty_schedule`
+  evaluated at ``round_`` (int scalar, may be traced), as a float32 scalar.
+
+  Source: Invariant FedAvg §3.3; IRM reference code."""
+  sched = penalty_schedule(penalty_weight, warmup_rounds, warmup_weight)
+  return jnp.asarray(sched(jnp.asarray(round_)), jnp.float32)
 
 
 def per_sample_irm_v1(logits, labels, weights=None, *, loss: str = "cross_entropy"):
@@ -96,7 +102,8 @@ def per_sample_irm_v1(logits, labels, weights=None, *, loss: str = "cross_entrop
 def irm_component(penalty_weight: float = INV_FEDAVG_DEFAULTS["penalty_weight"],
                   warmup_rounds: int = INV_FEDAVG_DEFAULTS["warmup_rounds"],
                   irm_mode: str = INV_FEDAVG_DEFAULTS["irm_mode"],
-                  warmup_weight: float = INV_FEDAVG_DEFAULTS["warmup_weight"]) -> Component:
+                  warmup_weight: float = INV_FEDAVG_DEFAULTS["warmup_weight"],
+                  lambda_schedule=None) -> Component:
   """The IRMv1 term ``λ(t) · IRMv1`` of Invariant FedAvg's client objective.
 
   Client loss on a minibatch ``ζ`` (the client is the environment ``e``)::
@@ -104,7 +111,8 @@ def irm_component(penalty_weight: float = INV_FEDAVG_DEFAULTS["penalty_weight"],
       L_k = [ R_k(θ; ζ) + λ(t) · P_k(θ; ζ) ] / max(λ(t), 1)
 
   with ``P_k`` = ``penalties.irm_v1(logits, y, batch.w)`` (``irm_mode='client'``) or
-  :func:`per_sample_irm_v1` (``'per_sample'``), and ``λ(t)`` from :func:`irm_schedule`.
+  :func:`per_sample_irm_v1` (``'per_sample'``), and ``λ(t)`` from :func:`penalty_schedule`
+  or ``lambda_schedule`` (any ``optax.Schedule`` of the round) when given.
   The division by ``λ`` when ``λ > 1`` is IRM's reference-code rescaling (through the
   ``loss_scale`` hook); it keeps gradient magnitudes comparable across the switch.
 
@@ -129,8 +137,14 @@ def irm_component(penalty_weight: float = INV_FEDAVG_DEFAULTS["penalty_weight"],
   warmup_rounds = int(warmup_rounds)
   per_sample = irm_mode == "per_sample"
 
+  sched = (penalty_schedule(penalty_weight, warmup_rounds, warmup_weight)
+           if lambda_schedule is None else lambda_schedule)
+  if not callable(sched):
+    raise ValueError(f"lambda_schedule={lambda_schedule!r}; pass an optax schedule "
+                     "(round -> λ), e.g. optax.linear_schedule(0.0, 1e4, 100).")
+
   def lam(ctx):
-    return irm_schedule(ctx.round, penalty_weight, warmup_rounds, warmup_weight)
+    return jnp.asarray(sched(ctx.round), jnp.float32)
 
   def loss(model, kind, params, batch, fwd, ctx, key):
     name = _irm_loss_name(kind)
@@ -151,7 +165,8 @@ def irm_component(penalty_weight: float = INV_FEDAVG_DEFAULTS["penalty_weight"],
 def inv_fedavg(penalty_weight: float = INV_FEDAVG_DEFAULTS["penalty_weight"],
                warmup_rounds: int = INV_FEDAVG_DEFAULTS["warmup_rounds"],
                irm_mode: str = INV_FEDAVG_DEFAULTS["irm_mode"],
-               warmup_weight: float = INV_FEDAVG_DEFAULTS["warmup_weight"], **kw):
+               warmup_weight: float = INV_FEDAVG_DEFAULTS["warmup_weight"],
+               lambda_schedule=None, **kw):
   """Invariant Federated Averaging: FedAvg with an IRMv1 penalty in each client's loss.
 
   Each client ``k`` (= one environment) minimizes on its minibatch ``ζ``::
@@ -194,6 +209,8 @@ def inv_fedavg(penalty_weight: float = INV_FEDAVG_DEFAULTS["penalty_weight"],
     warmup_rounds: rounds of plain FedAvg before the penalty (>= 0; default 100).
     irm_mode: ``'client'`` (default) or ``'per_sample'``.
     warmup_weight: ``λ`` during the warm-up (>= 0; default 0 as in Invariant FedAvg).
+    lambda_schedule: an ``optax.Schedule`` ``round -> λ`` replacing the step schedule
+      (then ``penalty_weight`` / ``warmup_*`` are unused); e.g. a linear ramp.
     **kw: the common ``base.build`` knobs (client_lr, local_steps, batch_size,
       client_optimizer, weight_decay, server_optimizer, ...).
 
@@ -207,9 +224,13 @@ def inv_fedavg(penalty_weight: float = INV_FEDAVG_DEFAULTS["penalty_weight"],
   Source: Invariant FedAvg §3.3 eq. 13-15; IRM (Arjovsky et al. 2019) §3 and reference
   code (warm-up, ``loss /= penalty_weight``).
   """
-  comp = irm_component(penalty_weight, warmup_rounds, irm_mode, warmup_weight)
+  comp = irm_component(penalty_weight, warmup_rounds, irm_mode, warmup_weight,
+                       lambda_schedule)
   alg = build("inv_fedavg", components=(comp,), **kw)
-  return alg.replace(hparams={**alg.hparams, "penalty_weight": float(penalty_weight),
-                              "warmup_rounds": int(warmup_rounds), "irm_mode": irm_mode,
-                              "warmup_weight": float(warmup_weight)})
+  hp = {"penalty_weight": float(penalty_weight), "warmup_rounds": int(warmup_rounds),
+        "irm_mode": irm_mode, "warmup_weight": float(warmup_weight)}
+  if lambda_schedule is not None:  # a custom λ(t): the step-schedule knobs do not apply
+    hp = {"irm_mode": irm_mode, "lambda_schedule": getattr(
+        lambda_schedule, "__name__", type(lambda_schedule).__name__)}
+  return alg.replace(hparams={**alg.hparams, **hp})
 
