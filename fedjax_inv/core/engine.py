@@ -16,7 +16,7 @@ summation order, because aggregation is a sum of lifted statistics):
     ``jit(vmap)`` was 0.5–0.9×);
   * ``chunked``: ``vmap`` inside chunks of ``chunk_size`` clients, ``scan`` across chunks;
   * ``loop``: a Python loop over the clients of one compiled client update
-    (:class:`LoopRound`; FedJAX's design, the baseline of ``benchmarks/``);
+    (:class:`LoopRound`; FedJAX's design, the baseline of ``fedjax-inv bench``);
   * ``auto``: ``scan`` on a single CPU device, otherwise ``vmap`` (sharded) when the cohort
     fits the memory estimate, else ``chunked``.
 """
