@@ -73,7 +73,8 @@ CLIENT = {"client_lr": Range("log10", -3.0, -0.5, source="FedAvg / FedProx lr gr
 SERVER = {"server_lr": Range("log10", -4.0, -2.0, source="FedILC §5.1 (3e-4, 1e-4, 2e-4)")}
 REDDI = {"server_lr": Range("log10", -3.0, 0.0, source="Reddi et al. 2021 grid 1e-3..1")}
 MASK = {"tau": Range("uniform", 0.5, 1.0, source="DomainBed ANDMask tau U(0.5, 1)")}
-FISHR = {"fishr_lambda": Range("log10", 1.0, 4.0, source="DomainBed Fishr 10^U(1, 4)")}
+FISHR = {"fishr_lambda": Range("log10", -1.0, 4.0, source="FedILC §5.1 λ 0.1-15 and "
+                                "DomainBed Fishr 10^U(1, 4)")}
 SEARCH = {
     "fedprox": {"mu": Range("log10", -3.0, 0.0, source="FedProx §5 grid 0.001..1")},
     "fedadam": REDDI, "fedyogi": REDDI, "fedadagrad": REDDI,
