@@ -301,9 +301,11 @@ def run_experiment(cfg: dict, progress: bool = True, overrides=None,
       raise ValueError("--search and --sweep both given; use one (--search draws its "
                        "points from `fedjax-inv hparams ALGORITHM`'s search space).")
     from fedjax_inv.algorithms import hparams as hparams_lib
-    pts = {a: hparams_lib.random_points(a, int(cfg["search"]), int(cfg.get("search_seed")
-                                                                    or 0),
-                                        exclude=per_algo[a]) for a in algos}
+    n, sseed = int(cfg["search"]), int(cfg.get("search_seed") or 0)
+    pts = {a: hparams_lib.random_points(a, n, sseed, exclude=per_algo[a]) for a in algos}
+    search_info = {a: {"points": n, "seed": sseed, "space": {
+        k: f"{r.describe()} ({r.source})" for k, r in hparams_lib.search_space(a).items()
+        if k not in per_algo[a]}} for a in algos}
   for a in algos:
     clash = sorted(set(specs[a]) & set(per_algo[a]))
     if clash:
@@ -518,12 +520,7 @@ def run_experiment(cfg: dict, progress: bool = True, overrides=None,
     summary["sweep"] = {a: {"points": plans[a].points, "runs": sweep_notes[a]}
                         for a in sweep_notes}
   if cfg.get("search"):
-    from fedjax_inv.algorithms import hparams as hparams_lib
-    summary["search"] = {a: {"points": int(cfg["search"]),
-                             "seed": int(cfg.get("search_seed") or 0),
-                             "space": {k: f"{r.describe()} ({r.source})" for k, r in
-                                       hparams_lib.search_space(a).items()
-                                       if k not in per_algo[a]}} for a in algos}
+    summary["search"] = search_info
   if status != "ok":
     summary["failed_runs"] = [{"algorithm": r["algorithm"], "seed": r["seed"],
                                "status": r["status"],

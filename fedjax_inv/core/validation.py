@@ -78,3 +78,10 @@ def flag(name: str, value, meaning: str = "") -> bool:
   if not isinstance(value, bool):
     raise ValueError(f"{name}={value!r}; pass True or False{meaning}.")
   return value
+
+
+def one_of(what: str, value, valid, label: str = "valid") -> None:
+  """Raises ``ValueError('unknown {what} {value!r}; {label}: a, b')`` unless ``value`` is
+  one of ``valid`` (names of datasets, sources, variants: the data modules' wording)."""
+  if value not in valid:
+    raise ValueError(f"unknown {what} {value!r}; {label}: {', '.join(valid)}")

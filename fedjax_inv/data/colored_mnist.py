@@ -162,8 +162,8 @@ def make_colored_mnist(variant: str = 'irm',
     ValueError: unknown variant / ood_images, or data too small to split.
     FileNotFoundError, RuntimeError: from `sources.load_dataset`.
   """
-  sources.check_one_of('ColoredMNIST variant', variant, VARIANTS)
-  sources.check_one_of('ood_images', ood_images, OOD_IMAGES)
+  check.one_of('ColoredMNIST variant', variant, VARIANTS)
+  check.one_of('ood_images', ood_images, OOD_IMAGES)
   cfg = VARIANTS[variant]
   flips = list(cfg['train_color_flips'])
   k = len(flips)

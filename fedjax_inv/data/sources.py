@@ -51,6 +51,8 @@ from typing import Optional, Union
 
 import numpy as np
 
+from fedjax_inv.core.validation import one_of
+
 logger = logging.getLogger(__name__)
 
 PathLike = Union[str, os.PathLike]
@@ -166,13 +168,6 @@ def default_data_dir() -> Optional[pathlib.Path]:
 # ----------------------------------------------------------------------------
 
 
-def check_one_of(what: str, value, valid, label: str = 'valid') -> None:
-  """Raises ``ValueError('unknown {what} {value!r}; {label}: a, b')`` unless ``value`` is
-  one of ``valid`` (names of datasets, sources, variants)."""
-  if value not in valid:
-    raise ValueError(f'unknown {what} {value!r}; {label}: {", ".join(valid)}')
-
-
 def load_dataset(name: str,
                  data_dir: Optional[PathLike] = None,
                  source: str = 'auto',
@@ -206,8 +201,8 @@ def load_dataset(name: str,
       unavailable; the message lists the expected files and directories.
     RuntimeError: ``download=True`` and the download failed.
   """
-  check_one_of('dataset name', name, DATASET_NAMES, 'valid names')
-  check_one_of('source', source, SOURCES, 'valid sources')
+  one_of('dataset name', name, DATASET_NAMES, 'valid names')
+  one_of('source', source, SOURCES, 'valid sources')
   explicit = data_dir is not None and str(data_dir) != ''
   root = pathlib.Path(data_dir).expanduser() if explicit else default_data_dir()
   if explicit and not download and not root.is_dir():
