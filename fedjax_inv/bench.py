@@ -102,7 +102,7 @@ class Workload:
       alg = make_algorithm(self.algorithm)
       return alg, (f"{self.algorithm} fixes its local recipe: {alg.local_steps} local "
                    f"step(s) of {alg.batch_size or 'all 64'} examples, client lr "
-                   f"{alg.client_lr}")
+                   f"{alg.hparams.get('client_lr')}")
 
 
 def workloads(names: list[str]) -> list[Workload]:

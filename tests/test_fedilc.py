@@ -10,6 +10,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from fedjax_inv import aggregators as aggs
@@ -17,7 +18,7 @@ from fedjax_inv import models, penalties
 from fedjax_inv.algorithms import make_algorithm, registry
 from fedjax_inv.algorithms import fedcurv, fedilc, fishr
 from fedjax_inv.core import losses
-from fedjax_inv.core.algorithm import Batch, Context
+from fedjax_inv.core.algorithm import Batch, Context, Objective
 from fedjax_inv.core.data import ClientData
 from fedjax_inv.core.engine import build_round, init_state
 from tests.reference import batch_indices, round_keys, tmap
@@ -333,7 +334,7 @@ def _estimator_inputs(model, kind, params):
   def vg(p, batch, key):
     return jax.value_and_grad(
         lambda q: losses.mean_loss(kind, model.apply(q, batch.x), batch.y, batch.w))(p)
-  return ctx, vg
+  return ctx, Objective(vg, model, kind, task_only=False)
 
 
 def test_intra_geo_groups_with_negative_zeros_equal_python_loop():
@@ -382,7 +383,7 @@ def test_fedcurv_shoham_equals_python_loop(strategy):
   # The server sums are the sums over the pool of every client's latest contribution.
   for key in ("f", "f_theta", "f_theta2"):
     pool_sum = jax.tree.map(lambda a: jnp.sum(a, axis=0), cs["fedcurv"][key])
-    _assert_trees_close(server.extras["fedcurv"][key], pool_sum, 1e-4, 1e-7)
+    _assert_trees_close(server.opt_state["fedcurv"][key], pool_sum, 1e-4, 1e-7)
 
 
 def test_fedcurv_penalty_is_active():
@@ -443,7 +444,7 @@ def test_fishr_protocol_equals_jax_grad_of_penalty():
     state = comp.pre_update(ctx.extras["fishr"], mean, ctx)
     ctx = ctx_with(state)
     return state, summed(comp.aggregator, lambda x, y, n: comp.message(
-        model, "binary", p, p, (x, y, n), ctx, key, 1, 1.0)[0])
+        model, "binary", p, p, (x, y, n), ctx, key)[0])
 
   state, got = protocol(params, data.x, data.y, data.n)
   ctx = ctx_with(state)
@@ -452,9 +453,10 @@ def test_fishr_protocol_equals_jax_grad_of_penalty():
   # The featurizer receives a nonzero Fishr gradient (C_e depends on the features).
   feat_norm = sum(float(jnp.sum(a * a)) for a in jax.tree.leaves(got["featurizer"]))
   assert feat_norm > 1e-10
-  # server_update adds λ · mean VJP to the pseudo-gradient.
+  # The server stage adds λ · mean VJP to the pseudo-gradient.
   pg = tmap(jnp.ones_like, params)
-  _, out = fedilc.fishr_component(2.5, "mean").server_update(state, got, pg, ctx)
+  out, _ = fedilc.fishr_component(2.5, "mean").server_stage.update(
+      pg, optax.EmptyState(), params, messages={"fishr": got}, ctx=ctx)
   _assert_trees_close(out, tmap(lambda g: 1.0 + 2.5 * g, got), rtol=1e-6, atol=1e-7)
 
 
@@ -629,8 +631,8 @@ def test_intra_geo_dense_closed_form_equals_per_example_path(kind, outputs, zero
   comp = fedilc.intra_geo_component(None, 8, zeros)
   key = jax.random.key(0)
   loss_ref, ref = jax.jit(lambda p: comp.grad_estimator(vg, p, batch, ctx, key))(params)
-  loss, got = jax.jit(lambda p: comp.grad_estimator(vg, p, batch, ctx, key, model=model,
-                                                    kind=kind))(params)
+  loss, got = jax.jit(lambda p: comp.grad_estimator(vg._replace(task_only=True), p, batch,
+                                                    ctx, key))(params)
   np.testing.assert_allclose(float(loss), float(loss_ref), rtol=1e-6)
   _assert_trees_close(got, ref, rtol=2e-5, atol=1e-7)
   assert any(float(jnp.max(jnp.abs(g))) > 0 for g in jax.tree.leaves(got))

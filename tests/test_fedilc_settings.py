@@ -13,6 +13,7 @@ import json
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from fedjax_inv import aggregators as aggs
@@ -20,7 +21,7 @@ from fedjax_inv import models, penalties
 from fedjax_inv.algorithms import make_algorithm
 from fedjax_inv.algorithms import fedilc
 from fedjax_inv.core import losses
-from fedjax_inv.core.algorithm import Batch, Context
+from fedjax_inv.core.algorithm import Batch, Context, Objective
 from fedjax_inv.data import sources
 from fedjax_inv.tasks import make_task
 
@@ -162,7 +163,8 @@ def test_fishr_sum_scale_closed_form():
     comp = fedilc.fishr_component(2.0, reduction)
     state = comp.pre_update(comp.init_server(params), mean, _ctx(params, None, e))
     np.testing.assert_allclose(float(state["penalty"]), direct * factor, rtol=1e-5)
-    _, out = comp.server_update(state, vjp, pg, _ctx(params, state, e))
+    out, _ = comp.server_stage.update(pg, optax.EmptyState(), params,
+                                      messages={"fishr": vjp}, ctx=_ctx(params, state, e))
     scale = 2.0 * (e if reduction == "sum" else 1.0)
     for o in jax.tree.leaves(out):
       np.testing.assert_allclose(np.asarray(o), 1.0 + scale * 0.5, rtol=1e-6)
@@ -204,7 +206,7 @@ def _vg(model):
   def vg(p, batch, key):
     return jax.value_and_grad(
         lambda q: losses.mean_loss("binary", model.apply(q, batch.x), batch.y, batch.w))(p)
-  return vg
+  return Objective(vg, model, "binary", task_only=False)
 
 
 def _relu_batch(b=64, d=8, seed=0):

@@ -58,7 +58,7 @@ def test_plan_batches_traced_names_and_explains_the_others():
   pts = sweep.points({"client_lr": [0.1, 0.03], "mu": [0.0, 0.5]})
   pl = sweep.plan("fedprox", _make("fedprox", local_steps=2, batch_size=8), pts)
   assert pl.batched and pl.traced == ("client_lr", "mu") and pl.reason == ""
-  assert pl.structure.client_lr == 1.0 and [a.hparams["mu"] for a in pl.concrete] == [
+  assert pl.structure.hparams["client_lr"] == 1.0 and [a.hparams["mu"] for a in pl.concrete] == [
       0.0, 0.5, 0.0, 0.5]
   pl = sweep.plan("fedgma", _make("fedgma"), sweep.points({"tau": [0.2, 0.6]}))
   assert pl.batched and pl.traced == ("tau",)  # the mask's finalize traces tau

@@ -189,7 +189,7 @@ def build(name: str, *, components=(), client_lr: float = 0.1, server_lr: float 
                                    server_tau),
       local_steps=int(local_steps), batch_size=batch_size,
       aggregator=_agg(aggregator, tau), weighting=weighting,
-      components=tuple(components), client_lr=float(client_lr), hparams=hp)
+      components=tuple(components), hparams=hp)
 
 
 _client_opt = client_optimizer

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 
 from fedjax_inv import penalties
 from fedjax_inv.algorithms.base import FEDSGD_FIXED, build, register, uniform_mean
-from fedjax_inv.core.algorithm import Component, hparam
+from fedjax_inv.core.algorithm import Component, hparam, server_stage
 
 
 @register("fedavg", paper="McMahan et al. 2017, Alg. 1",
@@ -54,45 +54,49 @@ def fedprox(mu: float = 0.01, **kw):
   return alg.replace(hparams={**alg.hparams, "mu": mu})
 
 
-def scaffold_component() -> Component:
-  """SCAFFOLD control variates, option II (Karimireddy et al. 2020, Alg. 1).
+def scaffold_component(local_steps: int, client_lr: float) -> Component:
+  """SCAFFOLD control variates, option II (Karimireddy et al. 2020, Alg. 1), for ``K =
+  local_steps`` plain SGD steps of rate ``η_l = client_lr`` (a sweep's traced rate wins).
 
   Client step: ``y ← y − η_l (g(y) − c_i + c)``. After K steps:
-  ``c_i⁺ = c_i − c + (x − y)/(K η_l)``; message ``Δc_i = c_i⁺ − c_i``. Server:
-  ``c ← c + (|S|/N) · mean_{i∈S} Δc_i`` (unweighted mean). Per-client ``c_i`` persist in
-  the pool state ``[N, ...]``.
+  ``c_i⁺ = c_i − c + (x − y)/(K η_l)``; message ``Δc_i = c_i⁺ − c_i``. Server stage
+  (before the server optimizer, pseudo-gradient unchanged):
+  ``c ← c + (|S|/N) · mean_{i∈S} Δc_i`` (unweighted mean); ``c`` is the stage's state,
+  broadcast as ``ctx.extras['scaffold']``. Per-client ``c_i`` persist in the pool state
+  ``[N, ...]``.
   """
   def correct_grad(grads, ctx):
     return jax.tree.map(lambda g, c, ci: g - ci + c, grads, ctx.extras["scaffold"],
                         ctx.client["scaffold"])
 
-  def message(model, kind, params0, params, data, ctx, key, local_steps, lr):
+  def message(model, kind, params0, params, data, ctx, key):
     c, ci = ctx.extras["scaffold"], ctx.client["scaffold"]
-    ci_new = jax.tree.map(lambda ci, c, x, y: ci - c + (x - y) / (local_steps * lr),
-                          ci, c, params0, params)
+    step = local_steps * hparam(ctx, "client_lr", client_lr)
+    ci_new = jax.tree.map(lambda ci, c, x, y: ci - c + (x - y) / step, ci, c, params0, params)
     return jax.tree.map(jnp.subtract, ci_new, ci), ci_new
 
-  def server_update(c, mean_dc, pseudo_grad, ctx):
+  def control_update(pseudo_grad, c, messages, ctx):
     frac = ctx.cohort / ctx.num_clients
-    return jax.tree.map(lambda c, d: c + frac * d, c, mean_dc), pseudo_grad
+    return pseudo_grad, jax.tree.map(lambda c, d: c + frac * d, c, messages["scaffold"])
 
   zeros = lambda params: jax.tree.map(jnp.zeros_like, params)  # noqa: E731
-  return Component(name="scaffold", init_server=zeros, init_client=zeros,
-                   correct_grad=correct_grad, message=message, aggregator=uniform_mean(),
-                   server_update=server_update)
+  return Component(name="scaffold", init_client=zeros, correct_grad=correct_grad,
+                   message=message, aggregator=uniform_mean(),
+                   server_stage=server_stage(control_update, init=zeros))
 
 
 @register("scaffold", paper="Karimireddy et al. 2020 (SCAFFOLD), Alg. 1 option II",
           summary="control variates correct client drift; per-client state in the pool")
 def scaffold(weighting: str = "uniform", client_optimizer: str = "sgd", **kw):
   """SCAFFOLD with option-II control variates. Requires the plain-SGD client optimizer
-  (the control-variate update divides by ``K η_l``). Server: ``x ← x + η_g mean Δy``
-  (uniform mean, as in the paper; pass ``weighting='num_examples'`` to weight)."""
+  (the control-variate update divides by ``K η_l``; build anew, not ``.replace``, to
+  change them). Server chain: control update, then ``x ← x + η_g mean Δy`` (uniform
+  mean, as in the paper; pass ``weighting='num_examples'`` to weight)."""
   if client_optimizer != "sgd":
     raise ValueError(f"scaffold needs client_optimizer='sgd' (got {client_optimizer!r}): "
                      "option II control variates assume plain local SGD steps.")
-  return build("scaffold", components=(scaffold_component(),), weighting=weighting,
-               client_optimizer="sgd", **kw)
+  alg = build("scaffold", weighting=weighting, client_optimizer="sgd", **kw)
+  return alg.with_component(scaffold_component(alg.local_steps, alg.hparams["client_lr"]))
 
 
 @register("fedavgm", paper="Hsu et al. 2019; Reddi et al. 2021",

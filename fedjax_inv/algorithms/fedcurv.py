@@ -15,7 +15,7 @@ from fedjax_inv.algorithms.base import register
 from fedjax_inv.algorithms.fedsgd_type import WEIGHTINGS, server_settings
 from fedjax_inv.algorithms.fishr import _sum_over_examples, _zero_where  # noqa: F401
 from fedjax_inv.core import losses
-from fedjax_inv.core.algorithm import Algorithm, Component
+from fedjax_inv.core.algorithm import Algorithm, Component, server_stage
 from fedjax_inv.core.validation import choice as _choice, nonneg as _nonneg
 from fedjax_inv.core.validation import pos_int as _pos_int, positive as _positive
 
@@ -129,7 +129,7 @@ def fedcurv_component(curv_lambda: float, fisher_chunk: int = 64) -> Component:
   def loss(model, kind, params, batch, fwd, ctx, key):
     return lam * fedcurv_penalty(params, ctx.extras["fedcurv"], ctx.client["fedcurv"])
 
-  def message(model, kind, params0, params, data, ctx, key, local_steps, lr):
+  def message(model, kind, params0, params, data, ctx, key):
     x, y, n = data
     f = diagonal_fisher(model, kind, params, x, y, n, chunk)
     new = {"f": f, "f_theta": jax.tree.map(jnp.multiply, f, params),
@@ -137,12 +137,12 @@ def fedcurv_component(curv_lambda: float, fisher_chunk: int = 64) -> Component:
     old = ctx.client["fedcurv"]
     return jax.tree.map(jnp.subtract, new, old), new
 
-  def server_update(state, summed_diff, pseudo_grad, ctx):
-    return jax.tree.map(jnp.add, state, summed_diff), pseudo_grad
+  def pool_sums(pseudo_grad, state, messages, ctx):  # server stage; pseudo-grad unchanged
+    return pseudo_grad, jax.tree.map(jnp.add, state, messages["fedcurv"])
 
-  return Component(name="fedcurv", init_server=zeros, init_client=zeros, loss=loss,
-                   message=message, aggregator=_sum_aggregator(),
-                   server_update=server_update)
+  return Component(name="fedcurv", init_client=zeros, loss=loss, message=message,
+                   aggregator=_sum_aggregator(),
+                   server_stage=server_stage(pool_sums, init=zeros))
 
 
 @register("fedcurv_shoham", paper="Shoham et al. 2019 (FedCurv)",
@@ -196,4 +196,4 @@ def fedcurv_shoham(*, curv_lambda: float = 1.0, client_optimizer: str = "sgd",
   return Algorithm(name="fedcurv_shoham", client_optimizer=copt, server_optimizer=opt,
                    local_steps=local_steps, batch_size=batch_size,
                    aggregator=aggs.weighted_mean(), weighting=weighting,
-                   components=(comp,), client_lr=float(client_lr), hparams=hp)
+                   components=(comp,), hparams=hp)

@@ -123,5 +123,5 @@ def fedsgd_type(name: str, kw: dict, *, aggregator: aggs.Aggregator, components:
             weighting=weighting, aggregator=aggregator.name, **hp, **extra_hp)
   return Algorithm(name=name, client_optimizer=optax.sgd(1.0), server_optimizer=opt,
                    local_steps=1, batch_size=batch_size, aggregator=aggregator,
-                   weighting=weighting, components=tuple(components), client_lr=1.0,
+                   weighting=weighting, components=tuple(components),
                    hparams=hp)

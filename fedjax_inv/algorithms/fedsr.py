@@ -18,7 +18,7 @@ from fedjax_inv.algorithms.fedsr_model import (REFERENCE, fedsr_model, gaussian_
 from fedjax_inv.core import losses
 from fedjax_inv.core.validation import choice as _choice, flag as _flag, nonneg as _nonneg
 from fedjax_inv.core.validation import pos_int as _pos_int, positive as _positive
-from fedjax_inv.core.algorithm import Component, Forward
+from fedjax_inv.core.algorithm import Component, Forward, server_stage
 
 NAME = "fedsr"
 R_MODES = ("local", "averaged")
@@ -41,7 +41,7 @@ def fedsr_component(alpha_l2r: float = 1e-2, alpha_cmi: float = 5e-4,
       10-11) ``+ alpha_cmi · mean_i KL(N(μ_i, σ_i²) ‖ N(r_μ[y_i], r_σ[y_i]²))`` (FedSR
       eq. 17-18, analytic Gaussian KL summed over ``z_dim``); means are weighted by the
       batch's example weights (padding excluded).
-    init_client / message / server_update / correct_grad (``r_mode='local'`` with CMI):
+    init_client / message / server_stage / correct_grad (``r_mode='local'`` with CMI):
       per-client ``r`` (see the module docstring).
 
   Raises:
@@ -106,19 +106,17 @@ def fedsr_component(alpha_l2r: float = 1e-2, alpha_cmi: float = 5e-4,
     def init_client(params):
       return jax.tree.map(jnp.array, params[REFERENCE])
 
-    def message(model, kind, params0, params, data, ctx, key, local_steps, lr):
+    def message(model, kind, params0, params, data, ctx, key):
       r_new = jax.tree.map(lambda r, p, p0: r + (p - p0), ctx.client[NAME],
                            params[REFERENCE], params0[REFERENCE])
       return (), r_new
 
-    def server_update(state, aggregate, pseudo_grad, ctx):
-      return state, {**pseudo_grad,
-                     REFERENCE: jax.tree.map(jnp.zeros_like, pseudo_grad[REFERENCE])}
+    def keep_reference(pseudo_grad, state, messages, ctx):  # stateless server stage
+      return {**pseudo_grad, REFERENCE: jax.tree.map(jnp.zeros_like,
+                                                     pseudo_grad[REFERENCE])}, state
 
-    # init_server: an empty server state keeps ServerState's pytree structure fixed
-    # across rounds (server_update writes ``extras['fedsr']``), so the round compiles once.
-    hooks.update(init_server=lambda params: (), init_client=init_client, message=message,
-                 server_update=server_update,
+    hooks.update(init_client=init_client, message=message,
+                 server_stage=server_stage(keep_reference),
                  aggregator=Aggregator(lambda m, w: (), lambda s: None, "none"))
     if weight_decay > 0 and client_optimizer in ("sgd", "momentum"):
       # Coupled decay adds wd·θ_ref; the client's r is θ_ref + (r_k − θ_ref,t), so add
@@ -168,7 +166,7 @@ def _build(name, *, alpha_l2r, alpha_cmi, z_dim, mc_samples, l2r_squared, r_mode
       and alg.hparams["weight_decay"] > 0:
     # AdamW's decoupled decay would act on the offset; keep r_k out of it (module doc).
     alg = alg.replace(client_optimizer=optax.adamw(
-        alg.client_lr, weight_decay=alg.hparams["weight_decay"], mask=_decay_mask))
+        alg.hparams["client_lr"], weight_decay=alg.hparams["weight_decay"], mask=_decay_mask))
     hp["reference_weight_decay"] = False
   transform = lambda m: fedsr_model(m, z_dim, probabilistic, with_ref)  # noqa: E731
   return alg.replace(model_transform=transform, hparams=hp)

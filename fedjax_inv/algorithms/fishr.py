@@ -11,7 +11,7 @@ import jax.numpy as jnp
 
 from fedjax_inv import penalties
 from fedjax_inv.algorithms.base import uniform_mean
-from fedjax_inv.core.algorithm import Component, hparam
+from fedjax_inv.core.algorithm import Component, hparam, server_stage
 from fedjax_inv.core.validation import choice as _choice, nonneg as _nonneg
 
 PyTree = Any
@@ -115,7 +115,8 @@ def fishr_component(fishr_lambda: float, reduction: str = "sum") -> Component:
   * ``message`` (client ``e``, at ``w_t``, whatever its local training did):
     ``2(v_e − v̄)ᵀ ∂v_e/∂θ`` via ``jax.vjp`` — a pytree shaped like the parameters;
     aggregated by the uniform mean;
-  * ``server_update``: ``pseudo_grad + λ · mean_e VJP_e`` (``= λ∇L_Fishr``).
+  * ``server_stage`` (before the server optimizer): ``pseudo_grad + λ · mean_e VJP_e``
+    (``= λ∇L_Fishr``).
 
   ``E`` is the cohort sampled this round (all clients when ``clients_per_round`` is the
   pool size, as in FedILC).
@@ -158,7 +159,7 @@ def fishr_component(fishr_lambda: float, reduction: str = "sum") -> Component:
       pen = pen * ctx.cohort
     return {"mean_var": v_bar, "penalty": pen.astype(jnp.float32)}
 
-  def message(model, kind, params0, params, data, ctx, key, local_steps, lr):
+  def message(model, kind, params0, params, data, ctx, key):
     x, y, n = data
     v_bar = ctx.extras["fishr"]["mean_var"]
     v, vjp_fn = jax.vjp(lambda p: client_grad_variance(model, kind, p, x, y, n), params0)
@@ -166,16 +167,16 @@ def fishr_component(fishr_lambda: float, reduction: str = "sum") -> Component:
     (g,) = vjp_fn(cot)
     return g, None
 
-  def server_update(state, mean_vjp, pseudo_grad, ctx):
+  def server_gradient(pseudo_grad, state, messages, ctx):  # stateless server stage
     lam_t = hparam(ctx, "fishr_lambda", None)  # a batched sweep replica's traced λ
     if lam_t is None:
       if lam == 0.0:  # exactly the pseudo-gradient (even if a VJP were not finite)
-        return state, pseudo_grad
+        return pseudo_grad, state
       lam_t = lam
     scale = lam_t * ctx.cohort if summed else lam_t
-    return state, jax.tree.map(lambda p, g: p + scale * g, pseudo_grad, mean_vjp)
+    return jax.tree.map(lambda p, g: p + scale * g, pseudo_grad, messages["fishr"]), state
 
   return Component(name="fishr", init_server=init_server, pre_message=pre_message,
                    pre_aggregator=uniform_mean(), pre_update=pre_update, message=message,
-                   aggregator=uniform_mean(), server_update=server_update,
+                   aggregator=uniform_mean(), server_stage=server_stage(server_gradient),
                    traced=("fishr_lambda",))

@@ -66,8 +66,8 @@ def intra_geo_component(groups: int | None = None, chunk: int = 64,
   log offset). Note that per-example gradients of ReLU networks have many exact zeros
   (inactive units, zero input pixels).
 
-  Dense models: when the engine passes ``model``/``kind`` (it does when the client
-  objective is the task loss alone) and the model has a ``dense_chain`` (``models.mlp``),
+  Dense models: when ``objective.task_only`` (the client objective is the task loss
+  alone) and ``objective.model`` has a ``dense_chain`` (``models.mlp``),
   the per-example mode is computed in closed form by ``_dense_per_example_wgm``: the same
   statistics from matmuls of layer inputs and pre-activation gradients, without
   materializing per-example gradients.
@@ -134,16 +134,18 @@ def intra_geo_component(groups: int | None = None, chunk: int = 64,
     out = jax.vmap(group)(xs, ys, ws)
     return jax.tree.map(lambda a: jnp.sum(a, axis=0), out)
 
-  def grad_estimator(value_and_grad_fn, params, batch, ctx, key, model=None, kind=None):
+  def grad_estimator(objective, params, batch, ctx, key):
     w = batch.w.astype(jnp.float32)
     if group_size is not None:
-      stats, loss_sum, wsum = minibatch_groups(value_and_grad_fn, params, batch, key)
+      stats, loss_sum, wsum = minibatch_groups(objective, params, batch, key)
       return loss_sum / jnp.maximum(wsum, 1e-12), agg.finalize(stats)
-    if groups is None and model is not None and getattr(model, "dense_chain", None):
-      return _dense_per_example_wgm(model, kind, params, batch, agg, zeros)
+    if groups is None and objective.task_only and getattr(objective.model, "dense_chain",
+                                                           None):
+      return _dense_per_example_wgm(objective.model, objective.kind, params, batch, agg,
+                                    zeros)
     if groups is None:
       stats, loss_sum, wsum = _sum_over_examples(
-          per_example(value_and_grad_fn, params, key), batch.x, batch.y, w, chunk)
+          per_example(objective, params, key), batch.x, batch.y, w, chunk)
     else:
       real = w > 0
       rank = jnp.cumsum(real.astype(jnp.int32)) - 1
@@ -153,7 +155,7 @@ def intra_geo_component(groups: int | None = None, chunk: int = 64,
       def group(j):
         wj = jnp.where(gid == j, w, 0.0)
         size = jnp.sum(wj)
-        loss, g = value_and_grad_fn(params, Batch(x=batch.x, y=batch.y, w=wj), key)
+        loss, g = objective(params, Batch(x=batch.x, y=batch.y, w=wj), key)
         keep = size > 0
         return agg.lift(_zero_where(keep, g), size), size * jnp.where(keep, loss, 0.0), size
 

@@ -16,8 +16,13 @@ Message protocol of one round (DESIGN.md §1):
      pseudo-gradient ``Δ_k = w_t − w_k`` (a gradient when ``local_steps=1`` and the
      client optimizer is ``sgd(1)``: FedSGD) goes to the aggregator; components may send
      extra messages and update per-client state;
-  4. the server aggregates, lets components adjust the pseudo-gradient, and applies the
-     server optimizer: ``w_{t+1} = w_t + server_opt(−aggregate)``.
+  4. the server aggregates and runs one *server chain* (:meth:`Algorithm.server_chain`):
+     ``optax.named_chain`` of the components' ``server_stage``s (in
+     component order; e.g. Fishr's ``+ λ∇L_Fishr``, SCAFFOLD's control update) and then
+     the server optimizer (itself a chain, e.g. FedGMA's mask after the optimizer). Every
+     stage is an optax ``GradientTransformationExtraArgs`` that also receives
+     ``messages={component: aggregated message}`` and ``ctx``:
+     ``w_{t+1} = w_t + chain(−aggregate)``.
 """
 from __future__ import annotations
 
@@ -48,6 +53,25 @@ class Forward(NamedTuple):
   z: jax.Array
   logits: jax.Array
   aux: Any = None
+
+
+class Objective(NamedTuple):
+  """A client's objective as the engine hands it to a ``grad_estimator``.
+
+  Calling it, ``objective(params, batch, key) -> (loss, grads)``, is the default
+  estimate (``jax.value_and_grad`` of the client objective on ``batch``; ``loss`` a
+  float32 scalar, ``grads`` shaped like ``params``). ``model`` (``FunctionalModel``) and
+  ``kind`` ('binary' | 'multiclass' | 'regression') describe the task; ``task_only`` is
+  True when the objective is the task loss alone (no component loss term, forward
+  override or loss scale), so an estimator may use the model's structure (FedILC's
+  dense-chain closed form) instead of calling ``value_and_grad``."""
+  value_and_grad: Callable
+  model: Any = None
+  kind: str = "binary"
+  task_only: bool = False
+
+  def __call__(self, params, batch, key):
+    return self.value_and_grad(params, batch, key)
 
 
 @chex.dataclass(frozen=True)
@@ -85,24 +109,26 @@ class Component:
       logits, else the deterministic model.
     loss(model, kind, params, batch, fwd, ctx, key) -> scalar: added to the client loss.
     loss_scale(ctx) -> scalar: the total client loss is divided by it (IRM's λ>1 rule).
-    grad_estimator(value_and_grad_fn, params, batch, ctx, key) -> (loss, grads): replaces
-      how one local step's gradient is estimated from the minibatch (FedILC intra-silo
-      geometric mean over per-sample gradients). ``value_and_grad_fn(params, batch, key)``
-      is the default estimator; a replacement may call it on sub-batches. When the
-      client objective is the task loss alone, the engine also passes ``model=`` and
-      ``kind=`` keywords (the estimator may exploit the model's structure).
+    grad_estimator(objective, params, batch, ctx, key) -> (loss, grads): replaces how
+      one local step's gradient is estimated from the minibatch (FedILC intra-silo
+      geometric mean over per-sample gradients). ``objective`` is an :class:`Objective`:
+      calling it is the default estimator (a replacement may call it on sub-batches);
+      its ``model``/``kind``/``task_only`` let it use the model's structure.
     correct_grad(grads, ctx) -> grads: applied before the client optimizer (SCAFFOLD).
     pre_message(model, kind, params, data, ctx, key) -> message: pre-stage message of one
       client computed at the global model, ``data`` = (x [n_max,...], y [n_max], n).
     pre_aggregator: Aggregator for it (default weighted mean by client size).
     pre_update(state, aggregate, ctx) -> state: server updates its component state.
-    message(model, kind, params0, params, data, ctx, key, local_steps, lr) ->
-      (message, new_client_state): extra message after local training, and the client's
-      new persistent state (return ``ctx.client[name]`` when unchanged, or None if the
-      component has no client state).
+    message(model, kind, params0, params, data, ctx, key) -> (message, new_client_state):
+      extra message after local training, and the client's new persistent state (return
+      ``ctx.client[name]`` when unchanged, or None if the component has no client state).
     aggregator: Aggregator for ``message`` (default weighted mean).
-    server_update(state, aggregate, pseudo_grad, ctx) -> (state, pseudo_grad): server
-      side, after aggregation and before the server optimizer.
+    server_stage: an optax ``GradientTransformationExtraArgs`` (build one with
+      :func:`server_stage`): the component's element of the server chain, before the
+      server optimizer. Its ``update(pseudo_grad, state, params, *, messages, ctx)`` sees
+      every component's aggregated message. When the component has no ``init_server``,
+      the stage's state *is* its server state: clients read it as ``ctx.extras[name]``
+      (SCAFFOLD's ``c``); otherwise the stage must be stateless.
 
   Data field ``traced``: names of the hyperparameters the hooks read with
   :func:`hparam` (e.g. FedProx's ``'mu'``), so a sweep over them runs batched as one
@@ -123,8 +149,38 @@ class Component:
   pre_update: Optional[Callable] = None
   message: Optional[Callable] = None
   aggregator: Optional[Aggregator] = None
-  server_update: Optional[Callable] = None
+  server_stage: Optional[optax.GradientTransformation] = None
   traced: tuple = ()
+
+
+def server_stage(update: Callable, init: Optional[Callable] = None
+                 ) -> optax.GradientTransformationExtraArgs:
+  """A component's element of the server chain as an optax transformation.
+
+  Args:
+    update: ``update(pseudo_grad, state, messages, ctx) -> (pseudo_grad, state)``;
+      ``pseudo_grad`` is shaped like the parameters (no client axis: already aggregated),
+      ``messages`` is ``{component name: aggregated message}``, ``ctx`` the round's
+      ``Context`` (``client={}``).
+    init: ``init(params) -> state``; default ``optax.EmptyState()`` (a stateless stage).
+
+  Returns:
+    ``optax.GradientTransformationExtraArgs``; calling its ``update`` without the
+    ``messages`` / ``ctx`` keywords raises ``TypeError`` naming them.
+
+  Source: issue 14 (server chain of ``GradientTransformationExtraArgs``); DESIGN.md §1.
+  """
+  def init_fn(params):
+    return optax.EmptyState() if init is None else init(params)
+
+  def update_fn(updates, state, params=None, *, messages=None, ctx=None, **_):
+    if messages is None or ctx is None:
+      raise TypeError("a component's server stage needs the keywords messages= (the "
+                      "aggregated client messages) and ctx= (the round's Context); the "
+                      "engine's server_chain passes them.")
+    return update(updates, state, messages, ctx)
+
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
 
 # Key of ``ServerState.extras`` / ``Context.extras`` holding the traced hyperparameters
@@ -163,7 +219,6 @@ class Algorithm:
     aggregator: client-axis reduction of the pseudo-gradients.
     weighting: 'num_examples' (FedAvg's n_k weights) or 'uniform'.
     components: tuple of ``Component``.
-    client_lr: the client learning rate (SCAFFOLD's control variate update needs it).
     hparams: flat dict of the hyperparameters, for summaries.
     model_transform: optional ``FunctionalModel -> FunctionalModel`` applied to the
       task's model before training (FedSR adds its probabilistic representation head).
@@ -176,7 +231,6 @@ class Algorithm:
   aggregator: Aggregator = dataclasses.field(default_factory=weighted_mean)
   weighting: str = "num_examples"
   components: tuple = ()
-  client_lr: float = 0.0
   hparams: dict = dataclasses.field(default_factory=dict)
   model_transform: Optional[Callable] = None
 
@@ -191,15 +245,40 @@ class Algorithm:
     names = [c.name for c in self.components]
     if len(set(names)) != len(names):
       raise ValueError(f"component names must be unique, got {names}.")
+    if "server_optimizer" in names:
+      raise ValueError("'server_optimizer' names the server optimizer's element of the "
+                       "server chain; give the component another name.")
     for c in self.components:
-      if (c.server_update is not None or c.pre_update is not None) and c.init_server is None:
+      if c.pre_update is not None and c.init_server is None:
         raise ValueError(
             f"component {c.name!r} updates server state but has no init_server: give it "
             "one (it fixes the state's structure, so round 2 does not recompile).")
+      if c.server_stage is not None and not isinstance(c.server_stage,
+                                                       optax.GradientTransformation):
+        raise TypeError(f"component {c.name!r}: server_stage must be an optax "
+                        f"GradientTransformation(ExtraArgs), got {type(c.server_stage)}; "
+                        "build it with core.algorithm.server_stage(update, init).")
     if sum(c.forward is not None for c in self.components) > 1:
       raise ValueError("at most one component may replace the forward pass.")
     if sum(c.grad_estimator is not None for c in self.components) > 1:
       raise ValueError("at most one component may replace the gradient estimator.")
+
+  def server_chain(self) -> optax.GradientTransformationExtraArgs:
+    """The round's server chain: ``optax.named_chain`` of each component's
+    ``server_stage`` (component order, named by the component), then
+    ``'server_optimizer'`` (this algorithm's ``server_optimizer``, itself possibly a chain).
+
+    ``update(pseudo_grad, state, params, messages={name: aggregated message}, ctx=Context)``
+    maps the aggregated pseudo-gradient (shaped like the parameters, no client axis) to
+    the server update. Its state is ``ServerState.opt_state`` (``{element name: state}``);
+    a stage's state is what clients read as ``ctx.extras[name]`` when its component has no
+    ``init_server`` (SCAFFOLD's ``c``, FedCurv's pool sums).
+
+    Source: issue 14 (one server chain whose order is the algorithm); Reddi et al. 2021
+    (server optimizer on the pseudo-gradient)."""
+    stages = [(c.name, c.server_stage) for c in self.components
+              if c.server_stage is not None]
+    return optax.named_chain(*stages, ("server_optimizer", self.server_optimizer))
 
   def model_for(self, model):
     """The model this algorithm trains, given the task's ``model``."""

@@ -33,7 +33,8 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from fedjax_inv.core import losses
-from fedjax_inv.core.algorithm import HPARAMS, Algorithm, Batch, Context, Forward
+from fedjax_inv.core.algorithm import (HPARAMS, Algorithm, Batch, Context, Forward,
+                                       Objective)
 from fedjax_inv.core import strategy as strategy_lib
 from fedjax_inv.core.aggregator import traced_names, weighted_mean
 from fedjax_inv.core.data import ClientData
@@ -65,7 +66,14 @@ def init_state(algorithm: Algorithm, params: PyTree, num_clients: int):
   """
   extras = {c.name: c.init_server(params) for c in algorithm.components
             if c.init_server is not None}
-  server = ServerState(params=params, opt_state=algorithm.server_optimizer.init(params),
+  opt_state = algorithm.server_chain().init(params)
+  for c in algorithm.components:
+    if c.server_stage is not None and c.init_server is not None \
+        and jax.tree.leaves(opt_state[c.name]):
+      raise ValueError(f"component {c.name!r} keeps server state twice (init_server and "
+                       "a stateful server_stage); keep one: drop init_server to let the "
+                       "stage's state be ctx.extras[name], or make the stage stateless.")
+  server = ServerState(params=params, opt_state=opt_state,
                        round=jnp.zeros((), jnp.int32), extras=extras)
   client_states = {}
   for c in algorithm.components:
@@ -238,10 +246,7 @@ def local_train(model, kind: str, algorithm: Algorithm, ctx: Context, x, y, n, k
   corrections = [c for c in algorithm.components if c.correct_grad is not None]
   opt = algorithm.client_optimizer
   K, B = algorithm.local_steps, algorithm.batch_size
-  # A gradient estimator may use the model's structure when the objective is the task
-  # loss alone (no component loss term, forward override or loss scale).
   task_only = not any(c.loss or c.forward or c.loss_scale for c in algorithm.components)
-  est_model = dict(model=model, kind=kind) if task_only else {}
   k_batch, k_loss = jax.random.split(key)
   loss_keys = jax.random.split(k_loss, K)
   # A sweep replica's traced client learning rate: the optimizer was built at lr = 1.
@@ -249,13 +254,14 @@ def local_train(model, kind: str, algorithm: Algorithm, ctx: Context, x, y, n, k
 
   def value_and_grad(params, batch, k):
     return jax.value_and_grad(objective)(params, batch, ctx, k)
+  # What a gradient estimator sees: the default estimate and the task's structure.
+  described = Objective(value_and_grad, model, kind, task_only)
 
   def step(carry, inp):
     params, opt_state = carry
     batch, kl = inp
     if est is not None:
-      loss, grads = est.grad_estimator(value_and_grad, params, batch, ctx, kl,
-                                       **est_model)
+      loss, grads = est.grad_estimator(described, params, batch, ctx, kl)
     else:
       loss, grads = value_and_grad(params, batch, kl)
     for c in corrections:
@@ -416,9 +422,10 @@ def round_parts(model, kind: str, algorithm: Algorithm, num_clients: int,
   comps = algorithm.components
   pre_comps = [c for c in comps if c.pre_message is not None]
   msg_comps = [c for c in comps if c.message is not None]
-  upd_comps = [c for c in comps if c.server_update is not None]
   mean_agg = weighted_mean()
-  server_chain = optax.with_extra_args_support(algorithm.server_optimizer)
+  chain = algorithm.server_chain()
+  # Components whose server state is their server stage's state (clients see it too).
+  chain_held = [c.name for c in comps if c.server_stage is not None and c.init_server is None]
 
   def weight_of(n):
     if algorithm.weighting == "uniform":
@@ -426,7 +433,8 @@ def round_parts(model, kind: str, algorithm: Algorithm, num_clients: int,
     return n.astype(jnp.float32)
 
   def ctx_of(server, extras, cs=None):
-    return Context(params=server.params, round=server.round, extras=extras,
+    view = dict(extras, **{name: server.opt_state[name] for name in chain_held})
+    return Context(params=server.params, round=server.round, extras=view,
                    client={} if cs is None else cs,
                    num_clients=jnp.float32(num_clients),
                    cohort=jnp.float32(clients_per_round))
@@ -447,10 +455,9 @@ def round_parts(model, kind: str, algorithm: Algorithm, num_clients: int,
 
   def pre_finish(server, pre_sums):
     extras = dict(server.extras)
-    ctx0 = ctx_of(server, extras)  # sees the states updated so far (same dict)
-    for c in pre_comps:
+    for c in pre_comps:  # each pre_update sees the states updated before it
       agg = (c.pre_aggregator or mean_agg).finalize(pre_sums[c.name])
-      extras[c.name] = c.pre_update(extras.get(c.name), agg, ctx0)
+      extras[c.name] = c.pre_update(extras.get(c.name), agg, ctx_of(server, extras))
     return extras
 
   def client(server, extras, data, inp):
@@ -463,18 +470,15 @@ def round_parts(model, kind: str, algorithm: Algorithm, num_clients: int,
     w = weight_of(n)
     stats = {"__main__": algorithm.aggregator.lift(delta, w),
              "__loss__": (w * jnp.mean(step_losses), w)}
-    client_lr = extras.get(HPARAMS, {}).get("client_lr", algorithm.client_lr)
     new_cs = dict(cs)
     for c in msg_comps:
-      msg, ncs = c.message(model, kind, server.params, params, (x, y, n), ctx, k_msg,
-                           algorithm.local_steps, client_lr)
+      msg, ncs = c.message(model, kind, server.params, params, (x, y, n), ctx, k_msg)
       stats[c.name] = (c.aggregator or mean_agg).lift(msg, w)
       if c.name in cs:
         new_cs[c.name] = ncs
     return stats, new_cs
 
   def finish(server, extras, sums):
-    extras = dict(extras)
     ctx_b = ctx_of(server, extras)
     traced = server.extras.get(HPARAMS, {})
     if traced and traced_names(algorithm.aggregator):  # a sweep replica's traced tau
@@ -483,18 +487,15 @@ def round_parts(model, kind: str, algorithm: Algorithm, num_clients: int,
       pseudo_grad = algorithm.aggregator.finalize(sums["__main__"])
     messages = {c.name: (c.aggregator or mean_agg).finalize(sums[c.name])
                 for c in msg_comps}
-    for c in upd_comps:
-      extras[c.name], pseudo_grad = c.server_update(extras.get(c.name),
-                                                    messages.get(c.name), pseudo_grad,
-                                                    ctx_b)
-    # The server chain: every stage sees the aggregated client messages and the context
-    # (optax extra args), e.g. FedGMA's mask after the server optimizer.
-    updates, opt_state = server_chain.update(pseudo_grad, server.opt_state, server.params,
-                                             messages=messages, ctx=ctx_b)
+    # The server chain (components' stages, then the server optimizer): every element
+    # sees the aggregated client messages and the context (optax extra args).
+    updates, opt_state = chain.update(pseudo_grad, server.opt_state, server.params,
+                                      messages=messages, ctx=ctx_b)
     if "server_lr" in traced:  # a sweep replica: the server optimizer was built at lr = 1
       updates = jax.tree.map(lambda u: u * traced["server_lr"], updates)
     new_server = ServerState(params=optax.apply_updates(server.params, updates),
-                             opt_state=opt_state, round=server.round + 1, extras=extras)
+                             opt_state=opt_state, round=server.round + 1,
+                             extras=dict(extras))
     loss_sum, wsum = sums["__loss__"]
     return new_server, {"train_loss": loss_sum / wsum}
 

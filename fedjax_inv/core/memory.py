@@ -213,7 +213,7 @@ def round_memory(model, algorithm, cohort: int, n_max: int, feature_shape: Seque
                for c in algorithm.components if c.init_server is not None)
   n_msgs = sum((c.message is not None) + (c.pre_message is not None)
                for c in algorithm.components)
-  server = p + _tree_bytes(jax.eval_shape(algorithm.server_optimizer.init, params)) + extras
+  server = p + _tree_bytes(jax.eval_shape(algorithm.server_chain().init, params)) + extras
 
   fwd_comp = next((c for c in algorithm.components if c.forward is not None), None)
   forward = None
