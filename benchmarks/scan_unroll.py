@@ -4,7 +4,7 @@ Usage (one process per cell, as measured):
   for C in 10 100 1000; do for m in loop scan1 scan2 scan4; do
     .venv/bin/python benchmarks/scan_unroll.py $m $C 7; done; done
 
-``mode`` is ``loop`` (``fedjax_inv.bench.build_loop_round``) or ``scan<u>``
+``mode`` is ``loop`` (``fedjax_inv.benchmarks.harness.build_loop_round``) or ``scan<u>``
 (``build_round(execution='scan', unroll=u)``). Prints the median and min of ``reps`` rounds
 after one warm-up round (``time.perf_counter`` + ``jax.block_until_ready``).
 """
@@ -14,7 +14,8 @@ import time
 
 import jax
 
-from fedjax_inv import bench, models
+from fedjax_inv import models
+from fedjax_inv.benchmarks import harness as bench
 from fedjax_inv.algorithms import make_algorithm
 from fedjax_inv.core import engine
 

@@ -164,6 +164,26 @@ class _Parser(argparse.ArgumentParser):
     self.exit(2, f"fedjax-inv: error: {message} (see `{self.prog} --help`)\n")
 
 
+def _harness():
+  """The benchmark harness module: installed as ``fedjax_inv.benchmarks.harness``; from a
+  source tree on ``PYTHONPATH`` (not installed, e.g. ``benchmarks/gpu_bench.sh``) it is the
+  top-level ``benchmarks.harness``. ImportError when neither imports."""
+  try:
+    from fedjax_inv.benchmarks import harness
+  except ModuleNotFoundError as e:
+    if e.name not in ("fedjax_inv.benchmarks", "fedjax_inv.benchmarks.harness"):
+      raise
+    from benchmarks import harness
+  return harness
+
+
+def _no_bench(e: ImportError) -> int:
+  print(f"fedjax-inv: error: the benchmark harness (fedjax_inv.benchmarks.harness, the "
+        f"repository's benchmarks/ folder) did not import: {e}. Reinstall from a "
+        "checkout: pip install -e .", file=sys.stderr)
+  return 2
+
+
 def main(argv=None) -> int:
   """Entry point of ``fedjax-inv``. Exit codes: 0 done; 2 bad input (one-line message on
   stderr, nothing run or written); 3 a run diverged (the others were written); 130
@@ -178,11 +198,12 @@ def main(argv=None) -> int:
                       "search space of run --search")
   hp.add_argument("algorithm", help="registered algorithm name (fedjax-inv list)")
   hp.add_argument("--task", help="also show this task's values for the algorithm")
-  try:
-    from fedjax_inv.bench import add_parser as add_bench
-    add_bench(sub)
-  except ImportError:
-    pass
+  try:  # the thin entry point of the harness in benchmarks/ (fedjax_inv.benchmarks)
+    _harness().add_parser(sub)
+  except ImportError as e:  # an install without the harness: say so when asked for it
+    missing = sub.add_parser("bench", help="(unavailable: the benchmark harness did not "
+                             "import)")
+    missing.set_defaults(func=lambda args, e=e: _no_bench(e))
   args = parser.parse_args(argv)
   logging.basicConfig(level=logging.WARNING, format="%(message)s")
   if args.command is None:

@@ -7,7 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_inv import bench, models
+from fedjax_inv import models
+from fedjax_inv.benchmarks import harness as bench
 from fedjax_inv.algorithms import make_algorithm
 from fedjax_inv.cli import main
 from fedjax_inv.core import engine

@@ -4,14 +4,22 @@ every module of fedjax_inv (module level and inside functions) and checks that
 * no import cycle exists between modules (not even one hidden in a function body);
 * ``fedjax_inv/core`` (the engine) imports nothing of the package outside ``core``;
 * ``fedjax_inv/data`` (sources and partitioners) imports no task, algorithm or runner;
+* the package list of pyproject.toml names every package folder (the harness in
+  benchmarks/ installs as fedjax_inv.benchmarks);
 * the public API's ``__all__`` names exist.
 """
 import ast
 import pathlib
 
+import pytest
+
 import fedjax_inv
+import fedjax_inv.benchmarks
 
 ROOT = pathlib.Path(fedjax_inv.__file__).parent
+# The benchmark harness lives in the repository's benchmarks/ and installs as
+# fedjax_inv.benchmarks (pyproject.toml: package-dir).
+BENCH = pathlib.Path(fedjax_inv.benchmarks.__file__).parent
 
 
 def _modules() -> dict:
@@ -21,6 +29,9 @@ def _modules() -> dict:
     name = ".".join(rel.parts)
     if name.endswith(".__init__"):
       name = name[: -len(".__init__")]
+    mods[name] = f
+  for f in BENCH.glob("*.py"):  # the package's modules (not peers/, another environment)
+    name = "fedjax_inv.benchmarks" + ("" if f.stem == "__init__" else "." + f.stem)
     mods[name] = f
   return mods
 
@@ -91,6 +102,7 @@ def test_the_walker_sees_imports_and_cycles():
   g = _graph()
   assert "fedjax_inv.core.engine" in g["fedjax_inv.simulation"]
   assert "fedjax_inv.core.memory" in g["fedjax_inv.core.engine"]  # a function-level import
+  assert "fedjax_inv.benchmarks.harness" in g["fedjax_inv.cli"]
   assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
@@ -117,3 +129,14 @@ def test_public_api():
     assert hasattr(fedjax_inv, name), name
   for name in ("Algorithm", "Component", "Aggregator", "register", "map_reduce"):
     assert name in fedjax_inv.__all__
+
+
+def test_pyproject_lists_every_package():
+  """The packages are listed (the harness is mapped from benchmarks/), so a new package
+  folder must be added there or a wheel would silently lack it."""
+  tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+  conf = tomllib.loads((ROOT.parent / "pyproject.toml").read_text())["tool"]["setuptools"]
+  folders = {".".join(f.parent.relative_to(ROOT.parent).parts)
+             for f in ROOT.rglob("__init__.py")} | {"fedjax_inv.benchmarks"}
+  assert set(conf["packages"]) == folders
+  assert conf["package-dir"] == {"fedjax_inv.benchmarks": "benchmarks"}

@@ -5,7 +5,7 @@ dependency of fedjax_inv) and prints JSON rows in the harness's format, which
 ``fedjax-inv bench --peers`` merges (``ratio_vs_loop`` is computed there against
 fedjax_inv's own per-client loop).
 
-Workload (same as ``mlp_fedavg`` in ``fedjax_inv/bench.py``): C clients (pool = C, all
+Workload (same as ``mlp_fedavg`` in ``benchmarks/harness.py``): C clients (pool = C, all
 trained every round) with 64 synthetic MNIST-shaped examples each (x uniform in [0, 1),
 10 uniform labels), MLP 784-128-10 with ReLU, 5 local SGD steps (lr 0.1) of batch 32,
 server: weighted mean of the client models (FedAvg, McMahan et al. 2017, Alg. 1).

@@ -113,8 +113,19 @@ def _list_images(folder: pathlib.Path) -> list[pathlib.Path]:
                 if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS)
 
 
+def _pil_image():
+  """``PIL.Image``; ModuleNotFoundError with the install command when Pillow is absent."""
+  try:
+    from PIL import Image
+  except ImportError as e:
+    raise ModuleNotFoundError(
+        "Pillow is not installed (it decodes DomainBed images); install it with: "
+        "pip install 'fedjax_inv[domainbed]' (or pip install pillow)") from e
+  return Image
+
+
 def _decode(path: pathlib.Path, size: int) -> np.ndarray:
-  from PIL import Image
+  Image = _pil_image()
   try:
     with Image.open(path) as im:
       im = im.convert("RGB")
@@ -167,7 +178,7 @@ def _load_folders(dataset: str, root: pathlib.Path, size: int, max_per_domain, s
 
 
 def _load_tfds_domainnet(data_dir, size: int, max_per_domain, seed: int):
-  from PIL import Image
+  Image = _pil_image()
 
   from fedjax_inv.data.sources import import_tfds
   tfds = import_tfds()

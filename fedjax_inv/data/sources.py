@@ -715,7 +715,7 @@ def _load_bundled(name: str, required: bool,
     except ImportError as e:
       raise ModuleNotFoundError(
           "scikit-learn is not installed (it ships the 8x8 digits); install it with: "
-          "pip install scikit-learn") from e
+          "pip install 'fedjax_inv[digits]' (or pip install scikit-learn)") from e
     d = load_digits()
     x = np.rint(np.asarray(d.images) * (255.0 / 16.0)).astype(np.uint8)
     y = np.asarray(d.target, dtype=np.int64)

@@ -1,4 +1,5 @@
-"""``fedjax-inv bench``: throughput of one federated round, side by side.
+"""The benchmark harness behind ``fedjax-inv bench`` (``fedjax_inv.benchmarks.harness``):
+throughput of one federated round, side by side.
 
 For each configuration (workload × cohort size ``C``), in one process and one at a time,
 the harness times:
