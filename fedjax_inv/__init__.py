@@ -11,8 +11,8 @@ For algorithm authors (docs/ARCHITECTURE.md): ``Algorithm`` and ``Component`` (t
 and its hooks), ``Aggregator`` (an associative client-axis reduction), ``register`` (adds
 a factory to the registry), ``build`` (the common client/server knobs), ``map_reduce``
 (the engine's client-axis map-reduce), ``hparam`` (a hyperparameter a sweep may trace),
-``server_stage`` (a component's element of the server chain, e.g. SCAFFOLD's control
-update), ``Objective`` (what a gradient estimator receives), ``sign_agreement`` and
+``client_stage`` / ``server_stage`` (a component's element of the client / server
+chain, e.g. SCAFFOLD's gradient correction / control update), ``Objective`` (what a gradient estimator receives), ``sign_agreement`` and
 ``mask_step`` (a client-message reduction and a server-chain stage: FedGMA in 40 lines,
 ``algorithms/fedgma.py``) and ``round_parts`` (one round's phases).
 """
@@ -22,8 +22,8 @@ from fedjax_inv import models  # noqa: F401,E402
 from fedjax_inv.algorithms import make_algorithm, registry as algorithm_registry  # noqa: F401,E402
 from fedjax_inv.algorithms.base import build, register  # noqa: F401,E402
 from fedjax_inv.core.aggregator import Aggregator, weighted_mean  # noqa: F401,E402
-from fedjax_inv.core.algorithm import (Algorithm, Component, Objective, hparam,  # noqa: F401,E402
-                                       server_stage)
+from fedjax_inv.core.algorithm import (Algorithm, Component, Objective, client_stage,  # noqa: F401,E402
+                                       hparam, server_stage)
 from fedjax_inv.core.data import ClientData, from_client_arrays  # noqa: F401,E402
 from fedjax_inv.core.engine import map_reduce, round_parts  # noqa: F401,E402
 from fedjax_inv.aggregators import mask_step, sign_agreement  # noqa: F401,E402
@@ -32,8 +32,8 @@ from fedjax_inv.tasks import Task, make_task, register_task, task_registry  # no
 
 __all__ = [
     "Aggregator", "Algorithm", "ClientData", "Component", "Objective", "RunResult", "Task",
-    "algorithm_registry", "build", "from_client_arrays", "hparam", "make_algorithm",
-    "make_task", "map_reduce", "mask_step", "models", "register", "register_task",
-    "round_parts", "run", "server_stage", "sign_agreement", "task_registry",
-    "weighted_mean",
+    "algorithm_registry", "build", "client_stage", "from_client_arrays", "hparam",
+    "make_algorithm", "make_task", "map_reduce", "mask_step", "models", "register",
+    "register_task", "round_parts", "run", "server_stage", "sign_agreement",
+    "task_registry", "weighted_mean",
 ]

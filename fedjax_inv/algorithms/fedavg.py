@@ -7,7 +7,7 @@ import jax.numpy as jnp
 
 from fedjax_inv import penalties
 from fedjax_inv.algorithms.base import FEDSGD_FIXED, build, register, uniform_mean
-from fedjax_inv.core.algorithm import Component, hparam, server_stage
+from fedjax_inv.core.algorithm import Component, client_stage, hparam, server_stage
 
 
 @register("fedavg", paper="McMahan et al. 2017, Alg. 1",
@@ -65,7 +65,7 @@ def scaffold_component(local_steps: int, client_lr: float) -> Component:
   broadcast as ``ctx.extras['scaffold']``. Per-client ``c_i`` persist in the pool state
   ``[N, ...]``.
   """
-  def correct_grad(grads, ctx):
+  def correct(grads, ctx):  # client stage, before the client optimizer (Alg. 1 l. 10)
     return jax.tree.map(lambda g, c, ci: g - ci + c, grads, ctx.extras["scaffold"],
                         ctx.client["scaffold"])
 
@@ -80,7 +80,7 @@ def scaffold_component(local_steps: int, client_lr: float) -> Component:
     return pseudo_grad, jax.tree.map(lambda c, d: c + frac * d, c, messages["scaffold"])
 
   zeros = lambda params: jax.tree.map(jnp.zeros_like, params)  # noqa: E731
-  return Component(name="scaffold", init_client=zeros, correct_grad=correct_grad,
+  return Component(name="scaffold", init_client=zeros, client_stage=client_stage(correct),
                    message=message, aggregator=uniform_mean(),
                    server_stage=server_stage(control_update, init=zeros))
 

@@ -18,7 +18,7 @@ from fedjax_inv.algorithms.fedsr_model import (REFERENCE, fedsr_model, gaussian_
 from fedjax_inv.core import losses
 from fedjax_inv.core.validation import choice as _choice, flag as _flag, nonneg as _nonneg
 from fedjax_inv.core.validation import pos_int as _pos_int, positive as _positive
-from fedjax_inv.core.algorithm import Component, Forward, server_stage
+from fedjax_inv.core.algorithm import Component, Forward, client_stage, server_stage
 
 NAME = "fedsr"
 R_MODES = ("local", "averaged")
@@ -41,7 +41,7 @@ def fedsr_component(alpha_l2r: float = 1e-2, alpha_cmi: float = 5e-4,
       10-11) ``+ alpha_cmi · mean_i KL(N(μ_i, σ_i²) ‖ N(r_μ[y_i], r_σ[y_i]²))`` (FedSR
       eq. 17-18, analytic Gaussian KL summed over ``z_dim``); means are weighted by the
       batch's example weights (padding excluded).
-    init_client / message / server_stage / correct_grad (``r_mode='local'`` with CMI):
+    init_client / message / server_stage / client_stage (``r_mode='local'`` with CMI):
       per-client ``r`` (see the module docstring).
 
   Raises:
@@ -121,12 +121,12 @@ def fedsr_component(alpha_l2r: float = 1e-2, alpha_cmi: float = 5e-4,
     if weight_decay > 0 and client_optimizer in ("sgd", "momentum"):
       # Coupled decay adds wd·θ_ref; the client's r is θ_ref + (r_k − θ_ref,t), so add
       # the constant wd·(r_k − θ_ref,t) to decay r_k itself.
-      def correct_grad(grads, ctx):
+      def decay_fix(grads, ctx):  # client stage, before the client optimizer's decay
         fix = jax.tree.map(lambda g, r, p0: g + weight_decay * (r - p0),
                            grads[REFERENCE], ctx.client[NAME], ctx.params[REFERENCE])
         return {**grads, REFERENCE: fix}
 
-      hooks.update(correct_grad=correct_grad)
+      hooks.update(client_stage=client_stage(decay_fix))
   return Component(name=NAME, **hooks)
 
 

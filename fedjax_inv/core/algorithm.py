@@ -114,7 +114,9 @@ class Component:
       geometric mean over per-sample gradients). ``objective`` is an :class:`Objective`:
       calling it is the default estimator (a replacement may call it on sub-batches);
       its ``model``/``kind``/``task_only`` let it use the model's structure.
-    correct_grad(grads, ctx) -> grads: applied before the client optimizer (SCAFFOLD).
+    client_stage: an optax ``GradientTransformationExtraArgs`` (build one with
+      :func:`client_stage`): the component's element of the client chain, applied to each
+      local step's gradient before the client optimizer (SCAFFOLD's ``g − c_i + c``).
     pre_message(model, kind, params, data, ctx, key) -> message: pre-stage message of one
       client computed at the global model, ``data`` = (x [n_max,...], y [n_max], n).
     pre_aggregator: Aggregator for it (default weighted mean by client size).
@@ -143,7 +145,7 @@ class Component:
   loss: Optional[Callable] = None
   loss_scale: Optional[Callable] = None
   grad_estimator: Optional[Callable] = None
-  correct_grad: Optional[Callable] = None
+  client_stage: Optional[optax.GradientTransformation] = None
   pre_message: Optional[Callable] = None
   pre_aggregator: Optional[Aggregator] = None
   pre_update: Optional[Callable] = None
@@ -151,6 +153,29 @@ class Component:
   aggregator: Optional[Aggregator] = None
   server_stage: Optional[optax.GradientTransformation] = None
   traced: tuple = ()
+
+
+def client_stage(update: Callable) -> optax.GradientTransformationExtraArgs:
+  """A component's element of the client chain (stateless) as an optax transformation.
+
+  Args:
+    update: ``update(grads, ctx) -> grads``; ``grads`` is one local step's gradient of
+      one client (shaped like the parameters), ``ctx`` the client's ``Context``.
+
+  Returns:
+    ``optax.GradientTransformationExtraArgs``; calling its ``update`` without the ``ctx``
+    keyword raises ``TypeError``.
+
+  Source: issue 14 (a client optimizer chain); SCAFFOLD (Karimireddy et al. 2020) Alg. 1
+  line 10 is the example.
+  """
+  def update_fn(updates, state, params=None, *, ctx=None, **_):
+    if ctx is None:
+      raise TypeError("a component's client stage needs the keyword ctx= (the client's "
+                      "Context); the engine's client_chain passes it.")
+    return update(updates, ctx), state
+
+  return optax.GradientTransformationExtraArgs(lambda params: optax.EmptyState(), update_fn)
 
 
 def server_stage(update: Callable, init: Optional[Callable] = None
@@ -253,15 +278,30 @@ class Algorithm:
         raise ValueError(
             f"component {c.name!r} updates server state but has no init_server: give it "
             "one (it fixes the state's structure, so round 2 does not recompile).")
-      if c.server_stage is not None and not isinstance(c.server_stage,
-                                                       optax.GradientTransformation):
-        raise TypeError(f"component {c.name!r}: server_stage must be an optax "
-                        f"GradientTransformation(ExtraArgs), got {type(c.server_stage)}; "
-                        "build it with core.algorithm.server_stage(update, init).")
+      for side in ("client", "server"):
+        stage = getattr(c, f"{side}_stage")
+        if stage is not None and not isinstance(stage, optax.GradientTransformation):
+          raise TypeError(f"component {c.name!r}: {side}_stage must be an optax "
+                          f"GradientTransformation(ExtraArgs), got {type(stage)}; build "
+                          f"it with core.algorithm.{side}_stage(...).")
+    if "client_optimizer" in names:
+      raise ValueError("'client_optimizer' names the client optimizer's element of the "
+                       "client chain; give the component another name.")
     if sum(c.forward is not None for c in self.components) > 1:
       raise ValueError("at most one component may replace the forward pass.")
     if sum(c.grad_estimator is not None for c in self.components) > 1:
       raise ValueError("at most one component may replace the gradient estimator.")
+
+  def client_chain(self) -> optax.GradientTransformationExtraArgs:
+    """One local step's chain: ``optax.named_chain`` of each component's
+    ``client_stage`` (component order) and then ``'client_optimizer'``. The engine calls
+    ``update(grads, state, params, ctx=Context)`` with a fresh state every round.
+
+    Source: issue 14 (a client optimizer chain); FedAvg ClientUpdate (McMahan et al.
+    2017, Alg. 1)."""
+    stages = [(c.name, c.client_stage) for c in self.components
+              if c.client_stage is not None]
+    return optax.named_chain(*stages, ("client_optimizer", self.client_optimizer))
 
   def server_chain(self) -> optax.GradientTransformationExtraArgs:
     """The round's server chain: ``optax.named_chain`` of each component's

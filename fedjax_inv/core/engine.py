@@ -243,8 +243,7 @@ def local_train(model, kind: str, algorithm: Algorithm, ctx: Context, x, y, n, k
   """
   objective = make_objective(model, kind, algorithm)
   est = next((c for c in algorithm.components if c.grad_estimator is not None), None)
-  corrections = [c for c in algorithm.components if c.correct_grad is not None]
-  opt = algorithm.client_optimizer
+  opt = algorithm.client_chain()  # components' client stages, then the client optimizer
   K, B = algorithm.local_steps, algorithm.batch_size
   task_only = not any(c.loss or c.forward or c.loss_scale for c in algorithm.components)
   k_batch, k_loss = jax.random.split(key)
@@ -264,9 +263,7 @@ def local_train(model, kind: str, algorithm: Algorithm, ctx: Context, x, y, n, k
       loss, grads = est.grad_estimator(described, params, batch, ctx, kl)
     else:
       loss, grads = value_and_grad(params, batch, kl)
-    for c in corrections:
-      grads = c.correct_grad(grads, ctx)
-    updates, opt_state = opt.update(grads, opt_state, params)
+    updates, opt_state = opt.update(grads, opt_state, params, ctx=ctx)
     if lr is not None:
       updates = jax.tree.map(lambda u: u * lr, updates)
     return (optax.apply_updates(params, updates), opt_state), loss

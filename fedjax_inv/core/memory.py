@@ -205,7 +205,7 @@ def round_memory(model, algorithm, cohort: int, n_max: int, feature_shape: Seque
   params = jax.eval_shape(lambda: model.init(0))
   p = _tree_bytes(params)
   one = jnp.ones((), jnp.float32)
-  opt = _tree_bytes(jax.eval_shape(algorithm.client_optimizer.init, params))
+  opt = _tree_bytes(jax.eval_shape(algorithm.client_chain().init, params))
   stats = _tree_bytes(jax.eval_shape(lambda q: algorithm.aggregator.lift(q, one), params))
   cstate = sum(_tree_bytes(jax.eval_shape(c.init_client, params))
                for c in algorithm.components if c.init_client is not None)
