@@ -49,7 +49,7 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Any, Callable
+from typing import Callable
 
 from fedjax_inv.core import engine
 
@@ -539,7 +539,7 @@ def run_config(workload: Workload, C: int, impls: list[str], *, warmup: int, rou
       if impl == "loop":
         rf = build_loop_round(model, kind, algorithm, C, C)
         compile_s = rf.compile(server, cstates, data, key)
-        call = lambda st, rf=rf: rf(st[0], st[1], data, key)[:2]  # noqa: E731
+        call = lambda st, rf=rf, d=data: rf(st[0], st[1], d, key)[:2]  # noqa: E731
         ma = rf.client_memory()
         flops = loop_flops(rf, server, cstates, data, key)
         chunk = None
@@ -1005,7 +1005,7 @@ def cmd_bench(args) -> int:
       os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                                  f" --xla_force_host_platform_device_count="
                                  f"{args.host_devices}").strip()
-  import jax
+  import jax  # noqa: F401  (initialize the backend after XLA_FLAGS is set)
   from fedjax_inv.algorithms import registry
   t_start = time.perf_counter()
   log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
