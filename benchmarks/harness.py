@@ -394,11 +394,12 @@ def _xla_flops_local(model, kind, algorithm, data, server) -> float | None:
   import jax.numpy as jnp
   from fedjax_inv.core import engine
   from fedjax_inv.core.algorithm import Context
-  alg1 = algorithm.replace(local_steps=1)
-  ctx = Context(params=server.params, round=server.round, extras=server.extras, client={},
-                num_clients=jnp.float32(1), cohort=jnp.float32(1))
   if any(c.init_client is not None for c in algorithm.components):
     return None
+  # No component with client state, so none depends on K: one step of the same recipe.
+  alg1 = algorithm.replace(local_steps=1, hparams={**algorithm.hparams, "local_steps": 1})
+  ctx = Context(params=server.params, round=server.round, extras=server.extras, client={},
+                num_clients=jnp.float32(1), cohort=jnp.float32(1))
 
   def one(x, y, n, key):
     return engine.local_train(model, kind, alg1, ctx, x, y, n, key)[0]

@@ -90,3 +90,12 @@ def test_stage_errors_name_the_fix(tiny_binary):
       lambda pg, s, m, ctx: (pg, s), init=lambda p: jnp.zeros(3)))
   with pytest.raises(ValueError, match="keeps server state twice"):
     init_state(base.with_component(twice), model.init(0), data.num_clients)
+
+
+def test_changing_local_steps_after_building_is_refused():
+  """SCAFFOLD's control update is built for K local steps: .replace(local_steps=...) would
+  keep the old K (and the run's summary would record it), so it must be refused."""
+  alg = make_algorithm("scaffold", client_lr=0.1, local_steps=3, batch_size=8)
+  with pytest.raises(ValueError, match="build it anew"):
+    alg.replace(local_steps=5)
+  assert make_algorithm("scaffold", client_lr=0.1, local_steps=5).local_steps == 5

@@ -267,6 +267,13 @@ class Algorithm:
                        "(full client batch).")
     if self.weighting not in WEIGHTINGS:
       raise ValueError(f"weighting={self.weighting!r}; choose one of {WEIGHTINGS}.")
+    recorded = self.hparams.get("local_steps", self.local_steps)
+    if recorded != self.local_steps:
+      raise ValueError(
+          f"{self.name}: hparams record local_steps={recorded} but the algorithm runs "
+          f"local_steps={self.local_steps}; build it anew (make_algorithm(name, "
+          f"local_steps={self.local_steps}, ...)) so that the run's summary and components "
+          "built for K (SCAFFOLD's control update divides by K·η_l) agree.")
     names = [c.name for c in self.components]
     if len(set(names)) != len(names):
       raise ValueError(f"component names must be unique, got {names}.")
