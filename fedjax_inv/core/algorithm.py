@@ -66,9 +66,9 @@ class Objective(NamedTuple):
   override or loss scale), so an estimator may use the model's structure (FedILC's
   dense-chain closed form) instead of calling ``value_and_grad``."""
   value_and_grad: Callable
-  model: Any = None
-  kind: str = "binary"
-  task_only: bool = False
+  model: Any
+  kind: str
+  task_only: bool
 
   def __call__(self, params, batch, key):
     return self.value_and_grad(params, batch, key)
@@ -309,6 +309,13 @@ class Algorithm:
     stages = [(c.name, c.client_stage) for c in self.components
               if c.client_stage is not None]
     return optax.named_chain(*stages, ("client_optimizer", self.client_optimizer))
+
+  @property
+  def task_only(self) -> bool:
+    """True when the client objective is the task loss alone: no component adds a loss
+    term, replaces the forward pass or scales the loss (what ``Objective.task_only``
+    tells a gradient estimator, and what the memory estimate assumes of it)."""
+    return not any(c.loss or c.forward or c.loss_scale for c in self.components)
 
   def server_chain(self) -> optax.GradientTransformationExtraArgs:
     """The round's server chain: ``optax.named_chain`` of each component's

@@ -245,7 +245,6 @@ def local_train(model, kind: str, algorithm: Algorithm, ctx: Context, x, y, n, k
   est = next((c for c in algorithm.components if c.grad_estimator is not None), None)
   opt = algorithm.client_chain()  # components' client stages, then the client optimizer
   K, B = algorithm.local_steps, algorithm.batch_size
-  task_only = not any(c.loss or c.forward or c.loss_scale for c in algorithm.components)
   k_batch, k_loss = jax.random.split(key)
   loss_keys = jax.random.split(k_loss, K)
   # A sweep replica's traced client learning rate: the optimizer was built at lr = 1.
@@ -254,7 +253,7 @@ def local_train(model, kind: str, algorithm: Algorithm, ctx: Context, x, y, n, k
   def value_and_grad(params, batch, k):
     return jax.value_and_grad(objective)(params, batch, ctx, k)
   # What a gradient estimator sees: the default estimate and the task's structure.
-  described = Objective(value_and_grad, model, kind, task_only)
+  described = Objective(value_and_grad, model, kind, algorithm.task_only)
 
   def step(carry, inp):
     params, opt_state = carry

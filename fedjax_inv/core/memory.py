@@ -237,8 +237,7 @@ def round_memory(model, algorithm, cohort: int, n_max: int, feature_shape: Seque
   # rounds (MLP 784-128-10, B = 64) was ~6 B |params| per resident client.
   per_sample = 6 * b * p if any(c.grad_estimator is not None
                                 for c in algorithm.components) else 0
-  task_only = not any(c.loss or c.forward or c.loss_scale for c in algorithm.components)
-  if per_sample and task_only and getattr(model, "dense_chain", None) is not None:
+  if per_sample and algorithm.task_only and getattr(model, "dense_chain", None) is not None:
     # ... except for dense chains (models.mlp), where the engine's estimator works on
     # matmuls of layer inputs and pre-activation gradients (``[m, 4B]``/``[m, 2n]``
     # operands and outputs per layer: a few parameter copies, measured XLA temp 11-14 MB
