@@ -602,10 +602,7 @@ def run_config(workload: Workload, C: int, impls: list[str], *, warmup: int, rou
     else:
       rows.append(_row(workload, C, "auto", strategy=resolved_auto,
                        note=f"auto -> {auto_impl}, which was skipped"))
-  loop = next((r for r in rows if r["impl"] == "loop" and r["round_s"]), None)
-  for r in rows:
-    if loop and r["round_s"]:
-      r["ratio_vs_loop"] = loop["round_s"] / r["round_s"]
+  add_ratios_vs_loop(rows)
   rank = {i: k for k, i in enumerate(IMPLS)}
   rows.sort(key=lambda r: rank.get(r["impl"], 99))
   del data
@@ -643,6 +640,21 @@ def run_peers(python: str, clients: list[int], warmup: int, rounds: int,
   except json.JSONDecodeError as e:
     return [], [f"peers: unreadable output ({e}): {out.stdout[-300:]}"]
   return payload.get("rows", []), payload.get("notes", [])
+
+
+def add_ratios_vs_loop(rows: list[dict]) -> list[dict]:
+  """Sets ``ratio_vs_loop = loop round_s / row round_s`` (> 1: faster than the Python
+  loop) on every timed row that has a timed ``loop`` row of the same workload and ``C``
+  (the first one); other rows keep theirs. Returns ``rows`` (changed in place)."""
+  loops: dict = {}
+  for r in rows:
+    if r["impl"] == "loop" and r.get("round_s"):
+      loops.setdefault((r["workload"], r["clients"]), r)
+  for r in rows:
+    loop = loops.get((r["workload"], r["clients"]))
+    if loop and r.get("round_s"):
+      r["ratio_vs_loop"] = loop["round_s"] / r["round_s"]
+  return rows
 
 
 def merge_peers(rows: list[dict], peer_rows: list[dict]) -> list[dict]:

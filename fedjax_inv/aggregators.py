@@ -6,6 +6,11 @@ statistics over clients (in any order and grouping: all at once under ``vmap``, 
 at a time under ``scan``, chunk by chunk, or across devices), and ``finalize`` turns the
 sums into the aggregate. Because the only combine step is ``+``, every execution strategy
 gives the same numbers up to float32 summation order (DESIGN.md §1).
+
+Absent clients (weight 0) and masked examples (mask 0) are dropped with ``where``, never
+by multiplying by 0: their messages are replaced by a finite constant before any
+non-linear op (sign, log) and their statistics dropped after it, so an absent client
+whose update holds inf or NaN has no influence on the aggregate nor on its gradient.
 """
 from __future__ import annotations
 
@@ -58,6 +63,12 @@ def check_tau(tau):
     raise ValueError(f"tau={tau!r}; the sign-agreement threshold must be in [0, 1] "
                      "(0: plain averaging, 1: only unanimous coordinates unmasked).")
   return t
+
+
+def _present(x: jax.Array, present: jax.Array) -> jax.Array:
+  """``x`` where ``present`` (bool, broadcast against ``x``'s leading axes) else 0."""
+  present = present.reshape(present.shape + (1,) * (x.ndim - present.ndim))
+  return jnp.where(present, x, jnp.zeros_like(x))
 
 
 def _float_dtypes(x: jax.Array):
@@ -212,7 +223,9 @@ def outer_product_geo_stats(a: jax.Array, d: jax.Array, mask: jax.Array,
   ``Precision.HIGHEST``).
 
   Args:
-    a: ``[B, m]``; d: ``[B, n]``; mask: ``[B]`` (> 0 = real example).
+    a: ``[B, m]``; d: ``[B, n]``; mask: ``[B]`` (> 0 = real example). A masked example
+      has no influence on the statistics or their gradient, even with inf/NaN in ``a``
+      or ``d`` (its rows are zeroed before the logs and matmuls).
     zeros: the exact-zero convention of ``geometric_mean_aggregator``.
 
   Returns:
@@ -231,8 +244,10 @@ def outer_product_geo_stats(a: jax.Array, d: jax.Array, mask: jax.Array,
     raise ValueError(f"outer_product_geo_stats: a {a.shape}, d {d.shape}, mask "
                      f"{mask.shape}; expected [B, m], [B, n], [B].")
   f32 = jnp.float32
-  keep = (mask > 0).astype(f32)[:, None]
-  a, d = a.astype(f32), d.astype(f32)
+  present = mask > 0
+  keep = present.astype(f32)[:, None]
+  # Masked examples' rows become 0 (counted nowhere, log|.| = log 1 = 0) before any op.
+  a, d = _present(a.astype(f32), present), _present(d.astype(f32), present)
   log_a = jnp.log(jnp.where(a == 0, 1.0, jnp.abs(a)))
   log_d = jnp.log(jnp.where(d == 0, 1.0, jnp.abs(d)))
   pa, na = (a > 0) * keep, (a < 0) * keep
@@ -260,7 +275,10 @@ def outer_product_geo_stats(a: jax.Array, d: jax.Array, mask: jax.Array,
 
 def summed_geo_stats(g: jax.Array, mask: jax.Array, zeros: str = "both") -> "_GeoStats":
   """``Σ_i`` over the rows ``g[i]`` with ``mask_i > 0`` of the lifted statistics of
-  ``geometric_mean_aggregator(zeros)`` (``g [B, ...]`` → leaves ``[...]``).
+  ``geometric_mean_aggregator(zeros)`` (``g [B, ...]``, ``mask [B]`` → leaves ``[...]``).
+
+  A masked row has no influence on the statistics or their gradient, even when it holds
+  inf/NaN (zeroed before the log, its statistics dropped with ``where``).
 
   Raises:
     ValueError: ``zeros`` unknown.
@@ -269,8 +287,9 @@ def summed_geo_stats(g: jax.Array, mask: jax.Array, zeros: str = "both") -> "_Ge
   """
   _check_zeros(zeros)
   g = jnp.asarray(g, jnp.float32)
-  keep = (jnp.asarray(mask) > 0).astype(jnp.float32).reshape((-1,) + (1,) * (g.ndim - 1))
-  return _GeoStats(*(jnp.sum(s * keep, axis=0) for s in _geo_stats(g, zeros, jnp.float32)))
+  present = jnp.asarray(mask) > 0
+  stats = _geo_stats(_present(g, present), zeros, jnp.float32)
+  return _GeoStats(*(jnp.sum(_present(s, present), axis=0) for s in stats))
 
 
 def geometric_mean_aggregator(zeros: str = "both") -> Aggregator:
@@ -285,7 +304,8 @@ def geometric_mean_aggregator(zeros: str = "both") -> Aggregator:
 
   Weights: the paper's formula is unweighted, so the value of ``weight`` is ignored,
   except that a client with ``weight == 0`` (e.g. a padded, absent client) contributes
-  nothing at all (all its statistics, including its count in ``|E|``, are zeroed).
+  nothing at all (all its statistics, including its count in ``|E|``, are zeroed), to the
+  value or to the gradient, even when its message holds inf or NaN.
 
   Shapes: any message pytree (no client axis); the aggregate has the message's structure
   and shapes. If no client is present, the aggregate is 0.
@@ -298,15 +318,16 @@ def geometric_mean_aggregator(zeros: str = "both") -> Aggregator:
   _check_zeros(zeros)
 
   def lift(message, weight):
-    present = (jnp.asarray(weight) > 0).astype(jnp.float32)
+    present = jnp.asarray(weight) > 0
 
     def leaf_fn(m):
       m = jnp.asarray(m)
       dtype, _ = _float_dtypes(m)
-      stats = _geo_stats(m, zeros, dtype)
-      return _GeoStats(*(s * present.astype(dtype) for s in stats))
+      # Double where: zeroed before the log, statistics dropped after it.
+      stats = _geo_stats(_present(m, present), zeros, dtype)
+      return _GeoStats(*(_present(s, present) for s in stats))
 
-    return (jax.tree.map(leaf_fn, message), present)
+    return (jax.tree.map(leaf_fn, message), present.astype(jnp.float32))
 
   def finalize(stats):
     per_leaf, count = stats
@@ -445,21 +466,22 @@ def sign_agreement() -> Aggregator:
   ``aggregator='gma'|'and_mask'``).
 
   ``lift(Δ_k, w_k) = (sign(Δ_k), 1)``; a client with ``w_k = 0`` is absent (no sign, no
-  count), so ``C`` counts the present clients and no client weight enters ``A``.
+  count, even when ``Δ_k`` holds inf or NaN), so ``C`` counts the present clients and no
+  client weight enters ``A``.
   ``finalize`` returns ``A`` with the message's structure (no client axis), signs summed
   in the message's float dtype (at least float32); ``A = 0`` when no client is present.
 
   Source: FedGMA §4 (the agreement score); Parascandolo et al. 2021 (AND-mask).
   """
   def lift(message, weight):
-    present = (jnp.asarray(weight) > 0).astype(jnp.float32)
+    present = jnp.asarray(weight) > 0
 
     def sign_fn(m):
       m = jnp.asarray(m)
       dtype, _ = _float_dtypes(m)
-      return jnp.sign(m.astype(dtype)) * present.astype(dtype)
+      return _present(jnp.sign(_present(m.astype(dtype), present)), present)
 
-    return jax.tree.map(sign_fn, message), present
+    return jax.tree.map(sign_fn, message), present.astype(jnp.float32)
 
   def finalize(stats):
     sign_sum, count = stats
@@ -481,7 +503,9 @@ def masking_aggregator(base: Aggregator, tau, rule: str = "gma", rescale: bool =
   (``carry_mask=False``). FedGMA's mask on the server step is :func:`mask_step`.
 
   Shapes: messages are params pytrees without a client axis; the aggregate has their
-  structure (inside ``MaskedPseudoGradient`` when carried).
+  structure (inside ``MaskedPseudoGradient`` when carried). An absent client
+  (``w_k = 0``) contributes nothing (to the mask, and whatever ``base`` does with weight
+  0: nothing for the aggregators here), even when its message holds inf or NaN.
 
   Raises:
     ValueError: ``base`` not an ``Aggregator``; bad ``tau`` / ``rule`` / ``rescale``.
@@ -548,7 +572,8 @@ def gma(base: Aggregator, tau) -> Aggregator:
   ``base.finalize(...) * mask`` with ``A = |Σ sign / count|`` and
   ``mask = 1 if A >= tau else A``. With ``tau = 0`` the mask is all ones, so
   ``gma(base, 0.0)`` equals ``base`` exactly. A client with ``weight == 0`` is absent: it
-  contributes neither a sign nor a count (and whatever ``base`` does with weight 0).
+  contributes neither a sign nor a count (and whatever ``base`` does with weight 0), even
+  when its message holds inf or NaN.
 
   Shapes: any message pytree (no client axis); the aggregate has the message's
   structure, and ``base.finalize`` must return that structure too.
@@ -565,7 +590,8 @@ def and_mask_aggregator(base: Aggregator, tau) -> Aggregator:
   """AND-mask the aggregate of ``base``: ``base.finalize(...) * 1[A >= tau]``.
 
   Same statistics as ``gma`` (``(base.lift(m, w), sign(m), 1)``), binary mask.
-  A client with ``weight == 0`` contributes neither a sign nor a count.
+  A client with ``weight == 0`` contributes neither a sign nor a count (even when its
+  message holds inf or NaN).
 
   Shapes: any message pytree (no client axis); the aggregate has the message's structure.
 

@@ -6,6 +6,8 @@
   fedjax-inv run --config exp.yaml     # JSON or YAML, keys = flag names; flags override
   fedjax-inv list
   fedjax-inv hparams fedprox --task colored_mnist   # defaults, task values, search space
+  fedjax-inv tune --task colored_mnist --algorithm fedavg,inv_fedavg --trials 8 \
+      --rounds 600 --out runs/tuned                  # equal budget, selected on validation
 """
 from __future__ import annotations
 
@@ -157,6 +159,41 @@ def cmd_hparams(args) -> int:
   return 0
 
 
+def cmd_tune(args) -> int:
+  """``fedjax-inv tune``: :func:`fedjax_inv.tuning.tune_row`, then the markdown table."""
+  from fedjax_inv import tuning
+
+  def ints(flag, text):
+    try:
+      return tuple(int(v) for v in str(text).split(",") if v.strip())
+    except ValueError:
+      raise ValueError(f"{flag} {text!r}: give comma-separated integers, e.g. 0,1,2.")
+  fixed = {}
+  for item in args.hp:
+    if "=" not in item:
+      raise ValueError(f"--hp {item!r}: use [ALGORITHM.]NAME=VALUE.")
+    name, value = item.split("=", 1)
+    scope, _, name = name.rpartition(".")
+    try:
+      value = json.loads(value)
+    except json.JSONDecodeError:
+      pass
+    fixed.setdefault(scope or "*", {})[name] = value
+  protocol = tuning.Protocol(trials=args.trials,
+                             tuning_seeds=ints("--tuning-seeds", args.tuning_seeds),
+                             report_seeds=ints("--seeds", args.seeds),
+                             search_seed=args.search_seed, val_fraction=args.val_fraction,
+                             exclude=tuple(fixed.get("*", {})))
+  row = tuning.tune_row(args.out, task=args.task, algorithms=args.algorithm,
+                        rounds=args.rounds, protocol=protocol, fixed=fixed,
+                        eval_every=args.eval_every)
+  final = row["report"][row["protocol"]["algorithms"][0]][0]["final"] or {}
+  metrics = {k: k for k in final if k.endswith(("_accuracy", "_mse")) and "client" not in k}
+  print("\n" + tuning.markdown_table(row, metrics, variants=("starting", "report")))
+  print(f"\nwrote {args.out}/ (protocol.json, selected.json, runs/)")
+  return 0
+
+
 class _Parser(argparse.ArgumentParser):
   """argparse with one-line errors (``fedjax-inv: error: ...``, exit code 2)."""
 
@@ -198,6 +235,22 @@ def main(argv=None) -> int:
                       "search space of run --search")
   hp.add_argument("algorithm", help="registered algorithm name (fedjax-inv list)")
   hp.add_argument("--task", help="also show this task's values for the algorithm")
+  tu = sub.add_parser("tune", help="equal-budget random search per algorithm, selected on "
+                      "validation, then the report seeds (fedjax_inv/tuning.py)")
+  tu.add_argument("--task", required=True, help="task name (fedjax-inv list)")
+  tu.add_argument("--algorithm", required=True, help="comma-separated algorithm names")
+  tu.add_argument("--trials", type=int, default=8, help="trials per algorithm (trial 0 = "
+                  "its starting values; default 8)")
+  tu.add_argument("--rounds", type=int, required=True)
+  tu.add_argument("--tuning-seeds", default="100", help="comma-separated (default 100)")
+  tu.add_argument("--seeds", default="0,1,2", help="report seeds, disjoint from the "
+                  "tuning seeds (default 0,1,2)")
+  tu.add_argument("--search-seed", type=int, default=0)
+  tu.add_argument("--val-fraction", type=float, default=0.1)
+  tu.add_argument("--eval-every", type=int, default=None)
+  tu.add_argument("--hp", action="append", default=[], metavar="[ALGORITHM.]NAME=VALUE",
+                  help="a value fixed for every trial (not searched)")
+  tu.add_argument("--out", required=True, help="the row folder (new, empty, or resumed)")
   try:  # the thin entry point of the harness in benchmarks/ (fedjax_inv.benchmarks)
     _harness().add_parser(sub)
   except ImportError as e:  # an install without the harness: say so when asked for it
@@ -216,6 +269,8 @@ def main(argv=None) -> int:
       return cmd_list(args)
     if args.command == "hparams":
       return cmd_hparams(args)
+    if args.command == "tune":
+      return cmd_tune(args)
     return args.func(args)
   except (ValueError, FileNotFoundError, RuntimeError, MemoryError) as e:
     print(f"fedjax-inv: error: {e}", file=sys.stderr)

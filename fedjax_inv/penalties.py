@@ -6,6 +6,10 @@ Conventions shared by every function here:
   nonnegative per-sample weight, typically the 0/1 padding mask of a padded client batch;
   with weights every "mean over samples" becomes ``Σ_i w_i v_i / Σ_i w_i`` (and is 0 when
   ``Σ_i w_i = 0``, i.e. an all-padding batch), so padded rows never change a result.
+  Masked rows (``w_i = 0``) have no influence on the value nor on the gradient even when
+  they hold inf or NaN (in logits, labels, targets or features): every kernel replaces
+  them with a finite constant *before* any non-linear op and drops them with ``where``
+  after it (the "double where"), so neither the forward nor the backward pass sees them.
 * Classification losses take **binary** logits ``[n]`` or ``[n, 1]`` with labels in {0, 1}
   (int or float; sigmoid binary cross-entropy), or **multiclass** logits ``[n, K]``,
   ``K >= 2``, with integer labels ``[n]`` in ``[0, K)`` (softmax cross-entropy).
@@ -37,15 +41,45 @@ def _check_weights(weights, n: int):
   return weights
 
 
+def _mask_rows(x, keep, fill=0):
+  """``x [n, ...]`` with the rows where ``keep [n]`` (bool) is False set to ``fill``.
+
+  The first ``where`` of the double-where pattern: a masked row may hold inf/NaN, which
+  must not reach a non-linear op (its value would be discarded by the final ``where``,
+  but its local derivative, e.g. ``0 * inf``, would still put NaN into the gradient).
+  The cotangent of a masked row is exactly 0. ``None`` passes through.
+  """
+  if x is None:
+    return None
+  keep = keep.reshape(keep.shape + (1,) * (x.ndim - keep.ndim))
+  return jnp.where(keep, x, jnp.asarray(fill, x.dtype))
+
+
+def _mask_inputs(weights, *xs):
+  """``xs`` (each ``[n, ...]``) with the rows of zero weight zeroed (unchanged when
+  ``weights`` is None)."""
+  if weights is None:
+    return xs
+  keep = weights > 0
+  return tuple(_mask_rows(x, keep) for x in xs)
+
+
 def _weighted_mean(values: jax.Array, weights) -> jax.Array:
-  """Mean of per-sample ``values [n]``; weighted ``Σ w v / Σ w`` (0 if ``Σ w = 0``)."""
+  """Mean of per-sample ``values [n]``; weighted ``Σ w v / Σ w`` (0 if ``Σ w = 0``).
+
+  Rows with ``w = 0`` contribute nothing to the value or the gradient (w.r.t. ``values``
+  or ``weights``), even when their value is inf/NaN.
+  """
   if weights is None:
     return jnp.mean(values)
   w = weights.astype(values.dtype)
+  keep = w > 0
   wsum = jnp.sum(w)
   safe = jnp.where(wsum > 0, wsum, jnp.ones_like(wsum))
-  # where(): a non-finite value in a zero-weight (padded) row cannot leak in as 0 * inf.
-  total = jnp.sum(jnp.where(w > 0, w * values, jnp.zeros_like(values)))
+  # Double where: a non-finite value in a zero-weight (padded) row can leak in neither as
+  # 0 * inf in the value nor as 0 * inf / NaN in the gradient.
+  v = _mask_rows(values, keep)
+  total = jnp.sum(jnp.where(keep, w * v, jnp.zeros_like(v)))
   return jnp.where(wsum > 0, total / safe, jnp.zeros_like(wsum))
 
 
@@ -113,7 +147,9 @@ def cross_entropy(logits, labels, weights=None) -> jax.Array:
     logits: binary ``[n]`` or ``[n, 1]``; multiclass ``[n, K]`` with ``K >= 2``.
     labels: binary: ``[n]`` (or ``[n, 1]``) in {0, 1}, int or float; multiclass: ``[n]``
       integer class indices.
-    weights: optional ``[n]`` nonnegative per-sample weights (padding mask).
+    weights: optional ``[n]`` nonnegative per-sample weights (padding mask); rows with
+      weight 0 have no influence on the value or the gradient, even with inf/NaN logits
+      or labels (or out-of-range class indices).
 
   Returns:
     Scalar ``mean_i ℓ_i`` or ``Σ w_i ℓ_i / Σ w_i`` (0 if ``Σ w = 0``), with ``ℓ`` the
@@ -135,6 +171,7 @@ def cross_entropy(logits, labels, weights=None) -> jax.Array:
 
 @functools.partial(jax.jit, static_argnums=(3,))
 def _cross_entropy_kernel(logits, labels, weights, binary: bool) -> jax.Array:
+  logits, labels = _mask_inputs(weights, logits, labels)
   logits, labels = _prepare(logits, labels, binary)
   return _weighted_mean(_per_sample_ce(logits, labels, binary), weights)
 
@@ -146,7 +183,8 @@ def mse(pred, targets, weights=None) -> jax.Array:
     pred: ``[n, *out]`` predictions (``[n]``, ``[n, 1]`` or ``[n, D]``).
     targets: same shape as ``pred``; ``[n]`` targets are also accepted with ``[n, 1]``
       predictions.
-    weights: optional ``[n]`` nonnegative per-sample weights (padding mask).
+    weights: optional ``[n]`` nonnegative per-sample weights (padding mask); rows with
+      weight 0 have no influence on the value or the gradient, even with inf/NaN.
 
   Returns:
     Scalar: the mean over samples of the per-sample mean of ``(pred - targets)**2`` over
@@ -180,6 +218,7 @@ def _mse_inputs(pred, targets, weights):
 
 @jax.jit
 def _mse_kernel(pred, targets, weights) -> jax.Array:
+  pred, targets = _mask_inputs(weights, pred, targets)
   if not jnp.issubdtype(pred.dtype, jnp.floating):
     pred = pred.astype(jnp.float32)
   n = pred.shape[0]
@@ -206,7 +245,10 @@ def irm_v1(logits, labels, weights=None, *, loss: str = "cross_entropy") -> jax.
     logits: binary ``[n]``/``[n, 1]`` or multiclass ``[n, K]`` (see ``cross_entropy``);
       with ``loss="mse"``: predictions ``[n, ...]`` (see ``mse``).
     labels: as in ``cross_entropy`` (or regression targets for ``loss="mse"``).
-    weights: optional ``[n]`` nonnegative per-sample weights (padding mask).
+    weights: optional ``[n]`` nonnegative per-sample weights (padding mask). A row with
+      weight 0 has no influence on the penalty or on its gradient (w.r.t. logits and
+      labels), even when it holds inf/NaN: it is zeroed before the dummy scale
+      ``w · logits`` (whose derivative would otherwise be ``Σ_i 0 · f_i = NaN``).
     loss: ``"cross_entropy"`` (default) or ``"mse"`` (the regression task; derivative
       ``mean_i 2 (f_i − y_i) f_i``).
 
@@ -243,6 +285,9 @@ def _ce_multiclass(logits, labels, weights):
 
 @functools.partial(jax.jit, static_argnums=(3,))
 def _irm_v1_kernel(logits, labels, weights, loss_fn) -> jax.Array:
+  # Masked rows are zeroed before ``logits * w``: d/dw of the loss is Σ_i ∂ℓ/∂f_i · f_i,
+  # and a masked row's 0 · inf would be NaN (loss_fn zeroes them again; harmless).
+  logits, labels = _mask_inputs(weights, logits, labels)
   if not jnp.issubdtype(logits.dtype, jnp.floating):
     logits = logits.astype(jnp.float32)
   scale = jnp.ones((), logits.dtype)
@@ -307,13 +352,14 @@ def per_sample_classifier_grad_variance(features, logits, labels, weights=None) 
   (``1/n``, unbiased=False) variance ``mean_i (G_i − mean_j G_j)^2`` — as in FedILC's
   ``C_e`` (§3.2) and DomainBed's Fishr (``(g − g.mean(0)).pow(2).mean(0)``). With
   ``weights``: ``μ = Σ w_i G_i / Σ w``, ``var = Σ w_i (G_i − μ)^2 / Σ w`` (0 if
-  ``Σ w = 0``), so padded rows (weight 0) are ignored.
+  ``Σ w = 0``), so padded rows (weight 0) are ignored: they have no influence on the
+  value or on the gradient (w.r.t. features, logits, labels) even with inf/NaN in them.
 
   Args:
     features: ``[n, d]`` classifier inputs ``z``.
     logits: binary ``[n]``/``[n, 1]`` or multiclass ``[n, K]``, equal to ``z @ W + b``.
     labels: as in ``cross_entropy``.
-    weights: optional ``[n]`` nonnegative per-sample weights.
+    weights: optional ``[n]`` nonnegative per-sample weights (padding mask).
 
   Returns:
     ``{'kernel': [d, K], 'bias': [K]}`` (``K = 1`` for binary).
@@ -337,6 +383,7 @@ def per_sample_classifier_grad_variance(features, logits, labels, weights=None) 
 
 @functools.partial(jax.jit, static_argnums=(4,))
 def _grad_variance_kernel(features, logits, labels, weights, binary: bool) -> dict:
+  features, logits, labels = _mask_inputs(weights, features, logits, labels)
   logits, labels = _prepare(logits, labels, binary)
   n = logits.shape[0]
   grads = _per_sample_grads_kernel(features, _logit_grads(logits, labels, binary))
@@ -494,7 +541,8 @@ def l2r(z, weights=None, squared: bool = True) -> jax.Array:
 
   Args:
     z: ``[n, ...]`` representations (trailing dims are flattened per sample).
-    weights: optional ``[n]`` nonnegative per-sample weights (padding mask).
+    weights: optional ``[n]`` nonnegative per-sample weights (padding mask); rows with
+      weight 0 have no influence on the value or the gradient, even with inf/NaN.
     squared: ``True`` (the paper, eq. 10-11) uses ``‖z_i‖_2²``; ``False`` uses ``‖z_i‖_2``
       as FedSR's official code does (``z.norm(dim=1).mean()``).
 
@@ -515,6 +563,7 @@ def l2r(z, weights=None, squared: bool = True) -> jax.Array:
 
 @functools.partial(jax.jit, static_argnums=(2,))
 def _l2r_kernel(z, weights, squared: bool) -> jax.Array:
+  (z,) = _mask_inputs(weights, z)
   if not jnp.issubdtype(z.dtype, jnp.floating):
     z = z.astype(jnp.float32)
   n = z.shape[0]

@@ -2,14 +2,83 @@
 
 Shares only the documented randomness with the engine (which clients are sampled and which
 minibatch indices each local step draws) so results can be compared to float32 tolerance.
-Optimizers and aggregation are written out by hand from the papers' formulas.
+Optimizers, aggregation and the losses are written out by hand from the papers' formulas:
+nothing here uses ``fedjax_inv``'s math (only its models, through ``model.apply``), so a
+bug in ``fedjax_inv.core.losses`` cannot cancel out of an engine-vs-reference comparison.
 """
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
-from fedjax_inv.core import losses
+
+# ---------------------------------------------------------------------------------------
+# Losses, in plain jax.numpy
+# ---------------------------------------------------------------------------------------
+
+
+def log_sigmoid(z):
+  """``log σ(z) = -log(1 + e^{-z}) = min(z, 0) - log(1 + e^{-|z|})``: the exponent is
+  never positive, so neither form overflows for large ``|z|``."""
+  return jnp.minimum(z, 0.0) - jnp.log1p(jnp.exp(-jnp.abs(z)))
+
+
+def per_example_loss(kind, logits, labels):
+  """``[n]`` losses: binary = sigmoid cross-entropy ``-[y log σ(z) + (1-y) log σ(-z)]``;
+  multiclass = softmax cross-entropy ``logsumexp(z) - z_y``; regression = ``(z - y)²``."""
+  if kind == "binary":
+    z = logits.reshape(labels.shape)
+    y = labels.astype(z.dtype)
+    return -(y * log_sigmoid(z) + (1.0 - y) * log_sigmoid(-z))
+  if kind == "multiclass":
+    # logsumexp written out: shift by the row max (the value does not depend on it).
+    m = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
+    lse = m[:, 0] + jnp.log(jnp.sum(jnp.exp(logits - m), axis=-1))
+    onehot = labels.astype(jnp.int32)[:, None] == jnp.arange(logits.shape[-1])
+    return lse - jnp.sum(jnp.where(onehot, logits, 0.0), axis=-1)
+  if kind == "regression":
+    z = logits.reshape(labels.shape)
+    return jnp.square(z - labels.astype(z.dtype))
+  raise ValueError(f"unknown loss kind {kind!r}")
+
+
+def mean_loss(kind, logits, labels, w=None):
+  """``Σ w ℓ / Σ w`` (plain mean without weights); rows with ``w = 0`` (padding) are
+  dropped with ``where``, so their loss never enters the sum."""
+  ell = per_example_loss(kind, logits, labels)
+  if w is None:
+    return jnp.mean(ell)
+  w = jnp.asarray(w, ell.dtype)
+  ell = jnp.where(w > 0, ell, 0.0)
+  return jnp.sum(w * ell) / jnp.sum(w)
+
+
+def pooled_eval(logits_fn, kind, data):
+  """``{'loss', 'accuracy'}`` pooled over every client's real rows of ``data``:
+  ``Σ ℓ / Σ n`` and ``Σ correct / Σ n`` (accuracy only for classification), counted here
+  in numpy. ``logits_fn(x)`` gets one client's full padded block ``[n_max, ...]`` with the
+  padded rows zeroed (the evaluator's input) and returns its ``[n_max, ...]`` logits."""
+  x, y, n = np.asarray(data.x), np.asarray(data.y), np.asarray(data.n)
+  loss_sum, correct = 0.0, 0
+  for i in range(x.shape[0]):
+    real = np.arange(x.shape[1]) < n[i]
+    xi = np.where(real.reshape((-1,) + (1,) * (x.ndim - 2)), x[i], 0).astype(x.dtype)
+    logits = np.asarray(logits_fn(jnp.asarray(xi)))[: n[i]]
+    yi = y[i, : n[i]]
+    loss_sum += float(np.sum(np.asarray(per_example_loss(kind, jnp.asarray(logits),
+                                                         jnp.asarray(yi)), np.float64)))
+    if kind == "multiclass":
+      correct += int(np.sum(logits.argmax(-1) == yi))
+    elif kind == "binary":
+      correct += int(np.sum((logits.reshape(yi.shape) > 0).astype(yi.dtype) == yi))
+  out = {"loss": loss_sum / int(n.sum())}
+  if kind != "regression":
+    out["accuracy"] = correct / int(n.sum())
+  return out
+
+
+# ---------------------------------------------------------------------------------------
+# The engine's documented randomness, and the FedAvg-family loop
+# ---------------------------------------------------------------------------------------
 
 
 def round_keys(key, rnd, num_clients, cohort):
@@ -29,8 +98,7 @@ def batch_indices(client_key, local_steps, n, batch_size):
 
 
 def loss_fn(model, kind, params, x, y, w):
-  logits = model.apply(params, x)
-  return losses.mean_loss(kind, logits, y, w)
+  return mean_loss(kind, model.apply(params, x), y, w)
 
 
 def tmap(f, *trees):

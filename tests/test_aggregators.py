@@ -1,6 +1,7 @@
 """Behaviour tests for fedjax_inv.aggregators (FedILC §3.1, AND-mask, FedGMA §4)."""
 import math
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -63,13 +64,6 @@ def _engine_sum(aggregator, tree, weights):
     return aggregator.finalize(jax.tree.map(lambda s: jnp.sum(s, axis=0), stats))
 
   return run(tree, weights)
-
-
-def assert_tree_allclose(a, b, **kw):
-  ta, tb = jax.tree.structure(a), jax.tree.structure(b)
-  assert ta == tb, (ta, tb)
-  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
-    np.testing.assert_allclose(np.asarray(x), np.asarray(y), **kw)
 
 
 # --------------------------------------------------------------------------------------
@@ -215,7 +209,7 @@ def test_geometric_mean_aggregator_matches_array_function(zeros):
   chunked = jax.jit(a.finalize)(jax.tree.map(jnp.add, chunk2, chunk1))
 
   for got in (all_at_once, chunked):
-    assert_tree_allclose(got, expected, rtol=1e-5, atol=1e-6)
+    chex.assert_trees_all_close(got, expected, rtol=1e-5, atol=1e-6)
   assert float(chunked["w"][0, 0]) == 0.0 if zeros == "both" else True
 
 
@@ -293,8 +287,7 @@ def test_gma_with_tau_zero_equals_base_exactly():
   base = weighted_mean()
   got = _engine_sum(gma(base, 0.0), tree, w)
   expected = _engine_sum(base, tree, w)
-  for x, y in zip(jax.tree.leaves(got), jax.tree.leaves(expected)):
-    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  chex.assert_trees_all_equal(got, expected)
 
 
 @pytest.mark.parametrize("tau", [0.3, 0.6, 1.0])
@@ -313,11 +306,11 @@ def test_masked_aggregators_equal_mask_times_weighted_mean(tau):
     a = wrapper(weighted_mean(), tau)
     assert isinstance(a, Aggregator)
     got = _engine_sum(a, tree, jnp.asarray(w))
-    assert_tree_allclose(got, expected, rtol=1e-5, atol=1e-6)
+    chex.assert_trees_all_close(got, expected, rtol=1e-5, atol=1e-6)
     # Chunked grouping gives the same result.
     msgs = split_messages(tree, num)
     s = jax.tree.map(jnp.add, lift_and_sum(a, msgs[:3], w[:3]), lift_and_sum(a, msgs[3:], w[3:]))
-    assert_tree_allclose(jax.jit(a.finalize)(s), expected, rtol=1e-5, atol=1e-6)
+    chex.assert_trees_all_close(jax.jit(a.finalize)(s), expected, rtol=1e-5, atol=1e-6)
 
 
 def test_masked_aggregator_zero_weight_client_is_absent():

@@ -2,6 +2,7 @@
 closed forms, and `fedjax-inv bench` writes a ratio_vs_loop per row."""
 import json
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,10 +13,7 @@ from fedjax_inv.benchmarks import harness as bench
 from fedjax_inv.algorithms import make_algorithm
 from fedjax_inv.cli import main
 from fedjax_inv.core import engine
-
-
-def _leaves(*trees):
-  return [np.asarray(l) for l in jax.tree.leaves(trees)]
+from tests.trees import max_abs_diff
 
 
 @pytest.mark.parametrize("name, kw", [
@@ -34,15 +32,15 @@ def test_loop_baseline_equals_engine(tiny_binary, name, kw):
   s1, c1 = engine.init_state(alg, model.init(0), 5)
   s2, c2 = engine.init_state(alg, model.init(0), 5)
   assert loop.compile(s2, c2, data, key) > 0
-  p0 = _leaves(s1.params)
+  p0 = jax.tree.map(np.array, s1.params)  # a host copy (the round may donate buffers)
   for _ in range(2):
     s1, c1, m1 = rf(s1, c1, data, key)
     s2, c2, m2 = loop(s2, c2, data, key)
   np.testing.assert_array_equal(np.asarray(m1["clients"]), np.asarray(m2["clients"]))
-  for a, b in zip(_leaves(s1.params, s1.extras, c1), _leaves(s2.params, s2.extras, c2)):
-    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+  chex.assert_trees_all_close((s1.params, s1.extras, c1), (s2.params, s2.extras, c2),
+                              rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(float(m1["train_loss"]), float(m2["train_loss"]), rtol=1e-5)
-  assert max(float(np.max(np.abs(a - b))) for a, b in zip(_leaves(s1.params), p0)) > 1e-3
+  assert max_abs_diff(s1.params, p0) > 1e-3
 
 
 def test_loop_rejects_bad_cohort(tiny_binary):
@@ -93,24 +91,41 @@ def test_engine_and_loop_count_the_same_work(tiny_binary):
   assert max(per_strategy) == pytest.approx(min(per_strategy), rel=0.02)
   loop = bench.build_loop_round(model, "binary", alg, 5, 4)
   loop.compile(s, c, data, key)
-  assert bench.loop_flops(loop, s, c, data, key) == pytest.approx(per_strategy[0], rel=0.01)
+  # (the masked aggregation's selects are counted per call in the loop: ~1.2% here)
+  assert bench.loop_flops(loop, s, c, data, key) == pytest.approx(per_strategy[0], rel=0.02)
   # 4 clients x 3 steps x (forward + backward >= 2 forward matmuls of a 6-8-1 MLP on 8
   # examples) is the bulk of the work
   forward = 2 * 8 * (6 * 8 + 8 * 1)
   assert 4 * 3 * 2 * forward < per_strategy[0] < 4 * 3 * 6 * forward
 
 
+def _rrow(impl, C, t, workload="mlp_fedavg", source="fedjax_inv"):
+  return dict(workload=workload, impl=impl, clients=C, round_s=t, source=source,
+              ratio_vs_loop=None)
+
+
+def test_ratio_vs_loop_direction_and_grouping():
+  """ratio_vs_loop is loop time / row time: > 1 for a row faster than the loop, < 1 for
+  a slower one, exactly 1 for the loop itself; only against the loop of the same
+  workload and C, and rows without a timing or without a loop keep None."""
+  rows = [_rrow("loop", 8, 3.0), _rrow("auto", 8, 1.0), _rrow("scan", 8, 6.0),
+          _rrow("vmap", 8, None), _rrow("loop", 4, 1.0), _rrow("auto", 4, 4.0),
+          _rrow("auto", 8, 0.5, "mlp_fedsgd")]
+  assert bench.add_ratios_vs_loop(rows) is rows
+  r = {(x["workload"], x["impl"], x["clients"]): x["ratio_vs_loop"] for x in rows}
+  assert r["mlp_fedavg", "loop", 8] == 1.0 and r["mlp_fedavg", "loop", 4] == 1.0
+  assert r["mlp_fedavg", "auto", 8] == pytest.approx(3.0)   # 3x faster than the loop
+  assert r["mlp_fedavg", "scan", 8] == pytest.approx(0.5)   # 2x slower
+  assert r["mlp_fedavg", "auto", 4] == pytest.approx(0.25)  # against C=4's loop, not C=8's
+  assert r["mlp_fedavg", "vmap", 8] is None                 # not timed
+  assert r["mlp_fedsgd", "auto", 8] is None                 # no loop row of its workload
+
+
 def test_summary_and_peer_merge_compute_ratios():
-  def row(impl, C, t, workload="mlp_fedavg", source="fedjax_inv"):
-    return dict(workload=workload, impl=impl, clients=C, round_s=t, source=source,
-                ratio_vs_loop=None)
-  rows = [row("loop", 1000, 2.0), row("auto", 1000, 1.0), row("loop", 10, 0.1),
-          row("auto", 10, 0.2), row("auto", 1000, 1.2, "mlp_fishr_inter_geo")]
-  for C in (10, 1000):
-    loop = next(r for r in rows if r["impl"] == "loop" and r["clients"] == C)
-    for r in rows:
-      if r["clients"] == C and r["workload"] == "mlp_fedavg":
-        r["ratio_vs_loop"] = loop["round_s"] / r["round_s"]
+  row = _rrow
+  rows = bench.add_ratios_vs_loop(
+      [row("loop", 1000, 2.0), row("auto", 1000, 1.0), row("loop", 10, 0.1),
+       row("auto", 10, 0.2), row("auto", 1000, 1.2, "mlp_fishr_inter_geo")])
   merged = bench.merge_peers(rows, [dict(row("torch 2.13.0 loop", 1000, 6.0,
                                              source="peer"))])
   peer = merged[-1]
@@ -139,7 +154,7 @@ def test_cli_bench_writes_rows_with_ratio_vs_loop(tmp_path, capsys):
   assert {(r["impl"], r["clients"]) for r in rows} == {
       (i, c) for i in ("loop", "auto") for c in (4, 8)}
   for r in rows:
-    assert r["ratio_vs_loop"] > 0 and r["round_s"] > 0 and r["rounds_timed"] == 2
+    assert r["round_s"] > 0 and r["rounds_timed"] == 2
     assert r["round_s_min"] <= r["round_s"] <= r["round_s_max"]
     assert r["client_updates_per_s"] == pytest.approx(r["clients"] / r["round_s"])
     assert r["gflop_per_round"] > 0
@@ -147,6 +162,8 @@ def test_cli_bench_writes_rows_with_ratio_vs_loop(tmp_path, capsys):
     loop = next(r for r in rows if r["impl"] == "loop" and r["clients"] == C)
     auto = next(r for r in rows if r["impl"] == "auto" and r["clients"] == C)
     assert loop["ratio_vs_loop"] == 1.0
+    # The written ratio is the loop's time over the row's: the faster row has ratio > 1.
+    assert auto["ratio_vs_loop"] == pytest.approx(loop["round_s"] / auto["round_s"])
     assert auto["strategy"] == engine.build_round(
         models.mlp(784, (128,), 10), "multiclass", make_algorithm("fedavg"), C, C,
         execution="auto", feature_shape=(28, 28, 1)).strategy

@@ -1,4 +1,5 @@
 """Every FedAvg-family algorithm, under every execution strategy, equals a slow Python loop."""
+import chex
 import jax
 import numpy as np
 import pytest
@@ -7,6 +8,7 @@ from fedjax_inv.algorithms import make_algorithm
 from fedjax_inv.core import strategy
 from fedjax_inv.core.engine import build_round, init_state
 from tests.reference import reference_run
+from tests.trees import max_abs_diff
 
 STRATEGIES = ["vmap", "scan", "chunked"]  # "auto" resolves to one of these (tested below)
 
@@ -60,8 +62,7 @@ def test_engine_equals_python_loop(tiny_binary, case, strategy):
   got = _engine_run(model, data, alg, strategy, rounds=3, cohort=cohort)
   want = reference_run(model, "binary", data, model.init(0), rounds=3, cohort=cohort,
                        key=jax.random.key(0), **ref_kw)
-  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
-    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-4, atol=2e-5)
+  chex.assert_trees_all_close(got, want, rtol=2e-4, atol=2e-5)
 
 
 def test_training_changes_params_and_scaffold_state(tiny_binary):
@@ -72,9 +73,7 @@ def test_training_changes_params_and_scaffold_state(tiny_binary):
   p0 = model.init(0)
   server, cs = init_state(alg, p0, 5)
   server, cs, m = rf(server, cs, data, jax.random.key(0))
-  moved = max(float(np.max(np.abs(a - b))) for a, b in
-              zip(jax.tree.leaves(server.params), jax.tree.leaves(p0)))
-  assert moved > 1e-3
+  assert max_abs_diff(server.params, p0) > 1e-3
   sampled = set(np.asarray(m["clients"]).tolist())
   norms = [float(sum(np.sum(np.asarray(l[i]) ** 2) for l in jax.tree.leaves(cs["scaffold"])))
            for i in range(5)]
@@ -103,5 +102,4 @@ def test_scan_unroll_and_pregather_paths_agree(tiny_binary, unroll, monkeypatch)
   a = go()
   monkeypatch.setattr(strategy, "PREGATHER_BYTES", 0)  # force the per-step gather path
   b = go()
-  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
-    np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-6, atol=1e-7)
+  chex.assert_trees_all_close(a, b, rtol=1e-6, atol=1e-7)

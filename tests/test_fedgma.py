@@ -1,4 +1,5 @@
 """FedGMA (Tenison et al. 2022, §4, Alg. 1) and the AND-mask on every base algorithm."""
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,6 +11,7 @@ from fedjax_inv.aggregators import (
     MaskedPseudoGradient, agreement_mask, masking_aggregator)
 from fedjax_inv.core.engine import build_round, init_state
 from tests.reference import batch_indices, loss_fn, round_keys
+from tests.trees import max_abs_diff
 
 COHORT = 4  # of the fixture's 5 clients
 
@@ -77,8 +79,7 @@ def test_tau_zero_equals_base_bitwise(tiny_binary, base):
   want = _run(model, data, make_algorithm(base, **BASES[base]), rounds=2)
   got = _run(model, data, make_algorithm("fedgma", base=base, tau=0.0, **BASES[base]),
              rounds=2)
-  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
-    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  chex.assert_trees_all_equal(got, want)
   # (τ > 0 does change a run: see the hand computations and the mask-position test.)
 
 
@@ -99,6 +100,7 @@ def test_one_round_matches_hand_computation(tiny_binary, base):
   got = _run_named(data, model, "fedgma", base=base, tau=1.0, server_lr=server_lr, **HAND)
 
   deltas, n = _client_deltas(model, data, p0, jax.random.key(0), steps, bs, lr)
+  chex.assert_trees_all_equal_shapes(got, p0, *deltas)  # the loop below pairs leaves by index
   agreements = []
   for j, leaf0 in enumerate(_leaves(p0)):
     d = np.stack([_leaves(dk)[j] for dk in deltas])           # [C, ...]
@@ -125,8 +127,9 @@ def test_and_mask_freezes_disagreeing_coordinates(tiny_binary):
   p0 = model.init(0)
   got = _run(model, data, make_algorithm("and_mask", tau=1.0, **kw), rounds=1)
   deltas, n = _client_deltas(model, data, p0, jax.random.key(0), 3, 8, 0.2)
+  chex.assert_trees_all_equal_shapes(got, p0, *deltas)
   frozen = moved = 0
-  for j, (g, w0) in enumerate(zip(_leaves(got), _leaves(p0))):
+  for j, (g, w0) in enumerate(zip(_leaves(got), _leaves(p0), strict=True)):
     d = np.stack([_leaves(dk)[j] for dk in deltas])
     agree = np.abs(np.mean(np.sign(d), axis=0)) >= 1.0
     np.testing.assert_array_equal(g[~agree], w0[~agree])     # exactly unchanged
@@ -201,8 +204,7 @@ def test_agreement_mask_closed_form():
 
 def test_mask_position_matters_for_adaptive_servers(tiny_binary):
   data, model = tiny_binary
-  def diff(a, b):
-    return max(np.max(np.abs(x - y)) for x, y in zip(_leaves(a), _leaves(b)))
+  diff = max_abs_diff
 
   kw = dict(server_lr=0.05, tau=1.0, **HAND)
   # mask_at='pseudo_gradient' == the base's aggregator='gma' option (mask, then Adam).
@@ -223,8 +225,7 @@ def test_execution_strategies_agree(tiny_binary):
   # 'chunked' = vmap inside chunks of 2 clients, scan across chunks.
   runs = [_run(model, data, alg, rounds=2, strategy=s) for s in ("scan", "chunked")]
   for other in runs[1:]:
-    for a, b in zip(_leaves(runs[0]), _leaves(other)):
-      np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    chex.assert_trees_all_close(runs[0], other, rtol=1e-5, atol=1e-6)
 
 
 def test_registry_names_and_hparams():

@@ -55,6 +55,7 @@ CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,tkw,alg,metric,rounds,threshold", CASES,
                          ids=[c[0] for c in CASES])
 def test_image_task_defaults_learn(monkeypatch, name, tkw, alg, metric, rounds, threshold):

@@ -7,6 +7,7 @@ formulas with ``jax.grad`` and the aggregators' array functions. FedSGD-type cli
 """
 import functools
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -21,7 +22,9 @@ from fedjax_inv.core import losses
 from fedjax_inv.core.algorithm import Batch, Context, Objective
 from fedjax_inv.core.data import ClientData
 from fedjax_inv.core.engine import build_round, init_state
+from tests import reference as oracle
 from tests.reference import batch_indices, round_keys, tmap
+from tests.trees import max_abs_diff
 
 RTOL, ATOL = 2e-4, 2e-5
 NAMES = ("geometric", "fishr_inter_geo", "fishr_intra_geo", "fishr_intra_arith", "fedcurv",
@@ -39,11 +42,11 @@ def _client(data, i):
 
 
 def _mean_loss(model, p, x, y):
-  return losses.mean_loss("binary", model.apply(p, x), y)
+  return oracle.mean_loss("binary", model.apply(p, x), y)  # the oracle's own loss
 
 
 def _example_loss(model, p, x, y):
-  return losses.per_example_loss("binary", model.apply(p, x[None]), y[None])[0]
+  return oracle.per_example_loss("binary", model.apply(p, x[None]), y[None])[0]
 
 
 def _fishr_loss(model, p, x, y, w):
@@ -167,8 +170,9 @@ def reference_fedcurv(model, data, params, *, rounds, cohort, key, lam, local_st
   def local_loss(p, x, y, others):
     pen = 0.0
     for f, th in others:
-      pen = pen + sum(jnp.sum(fl * (pl - tl) ** 2) for fl, pl, tl in
-                      zip(jax.tree.leaves(f), jax.tree.leaves(p), jax.tree.leaves(th)))
+      # tmap pairs F_j, θ and θ_j leaf by leaf (and raises if their structures differ).
+      pen = pen + sum(jax.tree.leaves(
+          tmap(lambda fl, pl, tl: jnp.sum(fl * (pl - tl) ** 2), f, p, th)))
     return _mean_loss(model, p, x, y) + lam * pen
 
   g_local = jax.jit(jax.grad(local_loss))
@@ -275,13 +279,9 @@ def _register_data(tiny_binary):
 
 
 def _assert_trees_close(got, want, rtol=RTOL, atol=ATOL):
-  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
-    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=rtol, atol=atol)
-
-
-def _max_abs_diff(a, b):
-  return max(float(jnp.max(jnp.abs(x - y))) for x, y in
-             zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+  # Structure (containers, keys, leaf count) and leaf shapes must match, not just the
+  # leaves that a zip over the two leaf lists would reach.
+  chex.assert_trees_all_close(got, want, rtol=rtol, atol=atol)
 
 
 # ---------------------------------------------------------------------------------------
@@ -307,7 +307,7 @@ def test_fedsgd_type_equals_python_loop(name, strategy):
   model = _DATA["tiny"][1]
   server, _, _ = run_engine(name, CASES[name]["kw"], strategy)
   _assert_trees_close(server.params, case_reference(name))
-  assert _max_abs_diff(server.params, model.init(0)) > 1e-3  # not a no-op round
+  assert max_abs_diff(server.params, model.init(0)) > 1e-3  # not a no-op round
 
 
 def test_fishr_inter_geo_chunked_equals_python_loop():
@@ -322,7 +322,7 @@ def test_fishr_term_changes_the_update():
   without = reference_fedsgd_type(model, data, model.init(0), rounds=2, cohort=4,
                                   key=jax.random.key(0), client_grad=mean_grad(model),
                                   aggregate=weighted_mean_aggregate, server_lr=0.3)
-  assert _max_abs_diff(with_fishr.params, without) > 1e-3
+  assert max_abs_diff(with_fishr.params, without) > 1e-3
 
 
 def _estimator_inputs(model, kind, params):
@@ -390,7 +390,7 @@ def test_fedcurv_penalty_is_active():
   """λ > 0 changes training vs λ = 0 in the reference (so the comparison above tests it)."""
   with_pen, _ = fedcurv_reference(FEDCURV["ref"]["lam"])
   without, _ = fedcurv_reference(0.0)
-  assert _max_abs_diff(with_pen, without) > 1e-4
+  assert max_abs_diff(with_pen, without) > 1e-4
 
 
 def test_fedcurv_penalty_closed_form():
@@ -465,8 +465,7 @@ def test_fishr_lambda_zero_is_geometric_exactly():
             zeros="both")
   geo, _, _ = run_engine("geometric", kw, "scan")
   fishr0, _, _ = run_engine("fishr_inter_geo", dict(kw, fishr_lambda=0.0), "scan")
-  for a, b in zip(jax.tree.leaves(geo.params), jax.tree.leaves(fishr0.params)):
-    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  chex.assert_trees_all_equal(geo.params, fishr0.params)
 
 
 # ---------------------------------------------------------------------------------------
@@ -502,7 +501,7 @@ def test_intra_geo_per_example_equals_groups_of_one():
 
   per_ex, groups, more, one, plain, negative = estimates(params, batch)
   # The ReLU MLP's per-example gradients have exact zeros, so the conventions differ.
-  assert _max_abs_diff(per_ex[1], negative[1]) > 1e-6
+  assert max_abs_diff(per_ex[1], negative[1]) > 1e-6
   np.testing.assert_allclose(float(per_ex[0]), float(plain[0]), rtol=1e-5)
   np.testing.assert_allclose(float(groups[0]), float(per_ex[0]), rtol=1e-5)
   _assert_trees_close(groups[1], per_ex[1], rtol=1e-5, atol=1e-8)

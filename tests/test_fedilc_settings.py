@@ -10,6 +10,7 @@
 import functools
 import json
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -24,6 +25,7 @@ from fedjax_inv.core import losses
 from fedjax_inv.core.algorithm import Batch, Context, Objective
 from fedjax_inv.data import sources
 from fedjax_inv.tasks import make_task
+from tests.trees import max_abs_diff
 
 METHODS = fedilc.FEDILC_METHODS
 # FedILC §5.1.1-5.1.3 and the official main.py commands: lr, wd, λ, Intra-Geo batch.
@@ -155,8 +157,9 @@ def test_fishr_sum_scale_closed_form():
          "bias": jnp.asarray(rng.random((1,)), jnp.float32)} for _ in range(e)]
   mean = {"v": jax.tree.map(lambda *a: sum(a) / e, *vs),
           "sq": sum(sum(float(jnp.sum(a * a)) for a in jax.tree.leaves(v)) for v in vs) / e}
-  direct = sum(sum(float(jnp.sum((a - b) ** 2)) for a, b in
-                   zip(jax.tree.leaves(v), jax.tree.leaves(mean["v"]))) for v in vs)
+  # jax.tree.map pairs v_e and v̄ leaf by leaf (and raises if their structures differ).
+  direct = sum(sum(jax.tree.leaves(jax.tree.map(lambda a, b: float(jnp.sum((a - b) ** 2)),
+                                                v, mean["v"]))) for v in vs)
   vjp = jax.tree.map(lambda p: jnp.full_like(p, 0.5), params)
   pg = jax.tree.map(jnp.ones_like, params)
   for reduction, factor in (("sum", 1.0), ("mean", 1.0 / e)):
@@ -166,8 +169,8 @@ def test_fishr_sum_scale_closed_form():
     out, _ = comp.server_stage.update(pg, optax.EmptyState(), params,
                                       messages={"fishr": vjp}, ctx=_ctx(params, state, e))
     scale = 2.0 * (e if reduction == "sum" else 1.0)
-    for o in jax.tree.leaves(out):
-      np.testing.assert_allclose(np.asarray(o), 1.0 + scale * 0.5, rtol=1e-6)
+    chex.assert_trees_all_close(
+        out, jax.tree.map(lambda p: jnp.full_like(p, 1.0 + scale * 0.5), params), rtol=1e-6)
 
 
 def test_fishr_sum_with_lambda_equals_mean_with_e_lambda(tiny_binary):
@@ -188,13 +191,11 @@ def test_fishr_sum_with_lambda_equals_mean_with_e_lambda(tiny_binary):
   a = train(fishr_lambda=3.0, fishr_reduction="sum")
   b = train(fishr_lambda=3.0 * e, fishr_reduction="mean")
   c = train(fishr_lambda=3.0, fishr_reduction="mean")
-  for x, y in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params)):
-    np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-7)
+  chex.assert_trees_all_close(a.params, b.params, rtol=1e-5, atol=1e-7)
   # Same parameters (a == b), so the stored penalties differ by the factor E exactly.
   np.testing.assert_allclose(float(a.extras["fishr"]["penalty"]),
                              e * float(b.extras["fishr"]["penalty"]), rtol=1e-4)
-  assert max(float(jnp.max(jnp.abs(x - y))) for x, y in
-             zip(jax.tree.leaves(a.params), jax.tree.leaves(c.params))) > 1e-6
+  assert max_abs_diff(a.params, c.params) > 1e-6
 
 
 # ---------------------------------------------------------------------------------------
@@ -233,6 +234,8 @@ def test_intra_geo_default_trains_where_per_example_both_is_zero():
   est = next(c for c in alg.components if c.grad_estimator is not None)
   _, g_def = est.grad_estimator(_vg(model), params, batch, ctx, key)
   first = lambda g: jax.tree.leaves(g["featurizer"])  # noqa: E731
+  chex.assert_trees_all_equal_shapes(g_lit, g_def, params)
+  assert first(g_lit)  # a non-empty featurizer: the all() checks below are not vacuous
   assert all(float(jnp.max(jnp.abs(a))) == 0.0 for a in first(g_lit))
   assert all(float(jnp.max(jnp.abs(a))) > 1e-6 for a in first(g_def))
 
@@ -258,22 +261,19 @@ def test_intra_group_size_equals_python_loop_over_minibatches():
           for i in range(0, n, s)]
     want = aggs.weighted_geometric_mean(jax.tree.map(lambda *a: jnp.stack(a), *gs),
                                         zeros=zeros)
-    for a, c in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
-      np.testing.assert_allclose(np.asarray(a), np.asarray(c), rtol=1e-5, atol=1e-8)
+    chex.assert_trees_all_close(got, want, rtol=1e-5, atol=1e-8)
     np.testing.assert_allclose(float(loss), float(losses.mean_loss(
         "binary", model.apply(params, full.x[:n]), full.y[:n])), rtol=1e-5)
   # One group holding all n examples: the plain mean gradient, whatever the shuffle.
   comp = fedilc.intra_geo_component(None, 64, "negative", group_size=n, shuffle=True)
   _, got = comp.grad_estimator(_vg(model), params, batch, ctx, key)
   want = g_mean(params, full.x[:n], full.y[:n])
-  for a, c in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
-    np.testing.assert_allclose(np.asarray(a), np.asarray(c), rtol=1e-5, atol=1e-8)
+  chex.assert_trees_all_close(got, want, rtol=1e-5, atol=1e-8)
   # Shuffling changes the groups (so the estimate) between keys.
   comp = fedilc.intra_geo_component(None, 64, "negative", group_size=s, shuffle=True)
   _, g1 = comp.grad_estimator(_vg(model), params, batch, ctx, jax.random.key(0))
   _, g2 = comp.grad_estimator(_vg(model), params, batch, ctx, jax.random.key(1))
-  assert max(float(jnp.max(jnp.abs(a - c))) for a, c in
-             zip(jax.tree.leaves(g1), jax.tree.leaves(g2))) > 1e-7
+  assert max_abs_diff(g1, g2) > 1e-7
 
 
 def test_fishr_penalty_helper_is_the_mean_scale():
@@ -301,7 +301,5 @@ def test_fedcurv_is_fedsgd_plus_fishr(tiny_binary):
 
   curv, arith = train("fedcurv", fishr_lambda=2.0), train("fishr_intra_arith", fishr_lambda=2.0)
   sgd = train("fishr_intra_arith", fishr_lambda=0.0)
-  for a, b in zip(jax.tree.leaves(curv), jax.tree.leaves(arith)):
-    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-  assert max(float(jnp.max(jnp.abs(a - b))) for a, b in
-             zip(jax.tree.leaves(curv), jax.tree.leaves(sgd))) > 1e-6
+  chex.assert_trees_all_equal(curv, arith)
+  assert max_abs_diff(curv, sgd) > 1e-6

@@ -1,6 +1,7 @@
 """FedSR / FedL2R / FedCMI (Nguyen et al. 2022, §3.3 eq. 9-11, 17-18)."""
 import math
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,12 +11,12 @@ from flax import nnx
 from fedjax_inv import models
 from fedjax_inv.algorithms import make_algorithm
 from fedjax_inv.algorithms.fedsr import fedsr_component, fedsr_model, mc_predict_logits
-from fedjax_inv.core import losses
-from fedjax_inv.core.algorithm import Batch, Context
+from fedjax_inv.core.algorithm import CLIENT_OPT_STATE, Batch, Context
 from fedjax_inv.core.data import from_client_arrays
 from fedjax_inv.core.engine import build_round, default_forward, init_state
 from fedjax_inv.simulation import run
 from fedjax_inv.tasks import Task
+from tests import reference as oracle
 from tests.reference import batch_indices, round_keys
 
 Z = 3  # z_dim used in the tests
@@ -260,8 +261,7 @@ def test_gradients_reach_featurizer_and_reference(tiny_multiclass):
   p_as_local = {**p, "reference": r_local}
   g_avg = grads(fedsr_component(alpha_l2r=0.0, alpha_cmi=1.0, r_mode="averaged"),
                 _ctx(p_as_local), params=p_as_local)
-  for a, c in zip(jax.tree.leaves(g_loc), jax.tree.leaves(g_avg)):
-    np.testing.assert_allclose(np.asarray(a), np.asarray(c), rtol=1e-5, atol=1e-7)
+  chex.assert_trees_all_close(g_loc, g_avg, rtol=1e-5, atol=1e-7)
   # Deterministic FedL2R head: the L2R gradient still reaches the featurizer.
   det = fedsr_model(tiny_multiclass.model, z_dim=Z, probabilistic=False, with_reference=False)
   pd = det.init(0)
@@ -276,19 +276,22 @@ def test_gradients_reach_featurizer_and_reference(tiny_multiclass):
 
 
 def _reference_fedsr(model, data, params, *, rounds, r_mode, a_l2r, a_cmi, lr, mom, wd,
-                     steps, bs, key, weighting):
+                     steps, bs, key, weighting, persistent):
   """Python loop over clients, each training (w, its own r) with coupled weight decay and
   heavy-ball momentum; server: plain mean of the client models (FedSR eq. 1, official
   ``communicate``) or size-weighted (``weighting='num_examples'``). Written from FedSR
-  eq. 9-11, 17-18."""
+  eq. 9-11, 17-18. ``persistent``: each client's momentum buffer is created once and
+  kept across its rounds (the official code creates each client's optimizer once);
+  otherwise it restarts at zero every round."""
   n_all = np.asarray(data.n)
   local_r = [params["reference"]] * data.num_clients
+  bufs = [None] * data.num_clients  # each client's momentum buffer (None: not created)
 
   def objective(q, x, y, k):
     h = model.features(q, x)
     mu, sigma = h[:, :Z], jax.nn.softplus(h[:, Z:]) + 1e-5
     z = mu + sigma * jax.random.normal(k, mu.shape)
-    ce = losses.mean_loss("binary", model.classify(q, z), y)
+    ce = oracle.mean_loss("binary", model.classify(q, z), y)  # the oracle's own loss
     r_mu = q["reference"]["mu"][y]
     r_s = jax.nn.softplus(q["reference"]["sigma_raw"][y]) + 1e-5
     kl = jnp.sum(jnp.log(r_s) - jnp.log(sigma)
@@ -302,7 +305,7 @@ def _reference_fedsr(model, data, params, *, rounds, r_mode, a_l2r, a_cmi, lr, m
     for i, ck in zip(idx, ckeys):
       q = dict(params, reference=local_r[i]) if r_mode == "local" else params
       start = q
-      buf = jax.tree.map(jnp.zeros_like, q)
+      buf = bufs[i] if persistent and bufs[i] is not None else jax.tree.map(jnp.zeros_like, q)
       # The engine's documented draws: minibatches from batch_indices; loss key of step s
       # = split(split(k_train)[1], K)[s], whose first split feeds the forward pass.
       k_train, _ = jax.random.split(ck)
@@ -315,6 +318,7 @@ def _reference_fedsr(model, data, params, *, rounds, r_mode, a_l2r, a_cmi, lr, m
         q = jax.tree.map(lambda w, m: w - lr * m, q, buf)
       if r_mode == "local":
         local_r[i] = q["reference"]
+      bufs[i] = buf
       deltas.append(jax.tree.map(jnp.subtract, start, q))
       weights.append(float(n_all[i]) if weighting == "num_examples" else 1.0)
     wsum = sum(weights)
@@ -326,13 +330,17 @@ def _reference_fedsr(model, data, params, *, rounds, r_mode, a_l2r, a_cmi, lr, m
   return params, local_r
 
 
-@pytest.mark.parametrize("r_mode,weighting", [("local", None), ("averaged", "num_examples")])
-def test_engine_matches_per_client_loop(tiny_binary, r_mode, weighting):
-  """Default (None): the uniform server mean of FedSR eq. 1; the option: size weights."""
+@pytest.mark.parametrize("r_mode,weighting,state", [
+    ("local", None, None), ("averaged", "num_examples", None), ("local", None, "restart")])
+def test_engine_matches_per_client_loop(tiny_binary, r_mode, weighting, state):
+  """Default (None): the uniform server mean of FedSR eq. 1; the option: size weights.
+  Client optimizer state: persistent by default (official code), or restarted."""
   data, base = tiny_binary
   assert len(set(np.asarray(data.n).tolist())) > 1        # unequal clients: weights matter
   hp = dict(a_l2r=0.1, a_cmi=0.5, lr=0.1, mom=0.9, wd=0.01, steps=3, bs=8)
   extra = {} if weighting is None else {"weighting": weighting}
+  if state is not None:
+    extra["client_optimizer_state"] = state
   alg = make_algorithm("fedsr", z_dim=Z, alpha_l2r=hp["a_l2r"], alpha_cmi=hp["a_cmi"],
                        r_mode=r_mode, client_lr=hp["lr"], client_optimizer="momentum",
                        weight_decay=hp["wd"], local_steps=hp["steps"], batch_size=hp["bs"],
@@ -349,18 +357,19 @@ def test_engine_matches_per_client_loop(tiny_binary, r_mode, weighting):
   assert rf.jitted._cache_size() == 1
   want, want_r = _reference_fedsr(model, data, p0, rounds=2, r_mode=r_mode,
                                   key=jax.random.key(0),
-                                  weighting=weighting or "uniform", **hp)
-  for a, b in zip(jax.tree.leaves(server.params), jax.tree.leaves(want)):
-    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
+                                  weighting=weighting or "uniform",
+                                  persistent=state != "restart", **hp)
+  chex.assert_trees_all_close(server.params, want, rtol=1e-4, atol=1e-5)
   moved_ref = _norm(jax.tree.map(jnp.subtract, server.params["reference"], p0["reference"]))
+  assert (CLIENT_OPT_STATE in cs) == (state != "restart")
+  cs = {k: v for k, v in cs.items() if k != CLIENT_OPT_STATE}
   if r_mode == "averaged":
     assert cs == {} and moved_ref > 1e-8
     return
   assert moved_ref == 0.0                                  # the server's copy never moves
   for i in range(data.num_clients):
     mine = jax.tree.map(lambda a: a[i], cs["fedsr"])
-    for a, b in zip(jax.tree.leaves(mine), jax.tree.leaves(want_r[i])):
-      np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
+    chex.assert_trees_all_close(mine, want_r[i], rtol=1e-4, atol=1e-5)
     changed = _norm(jax.tree.map(jnp.subtract, mine, p0["reference"])) > 1e-10
     assert changed == (i in sampled)
   # Clients keep different references (they are not averaged).
@@ -383,7 +392,21 @@ def test_short_runs_are_finite(tiny_multiclass, tiny_binary, name):
     for entry in res.history:
       for k, v in entry.items():
         assert np.isfinite(v), (name, task.kind, k, v)
-    assert 0.0 <= res.final["ood_accuracy"] <= 1.0
+    assert res.final["round"] == 2
+    np.testing.assert_allclose(res.final["ood_accuracy"],
+                               _recomputed_accuracy(task, alg, res.params), atol=1e-6)
+
+
+def _recomputed_accuracy(task, alg, params):
+  """Pooled accuracy on ``task.eval_sets['ood']``, counted by the oracle from the
+  evaluation predictor's logits. The evaluator draws its Monte-Carlo noise for a whole
+  client block (``n_max`` rows, padded rows zeroed) with key ``fold_in(key(0), 0)``, so
+  the same call reproduces its logits."""
+  from fedjax_inv.core.engine import eval_logits_fn
+  predict = jax.jit(eval_logits_fn(alg.model_for(task.model), alg))
+  key = jax.random.fold_in(jax.random.key(0), 0)
+  return oracle.pooled_eval(lambda x: predict(params, x, key), task.kind,
+                            task.eval_sets["ood"])["accuracy"]
 
 
 def test_regression_task_rejected_at_trace():
@@ -438,6 +461,8 @@ def test_defaults_and_hparams():
   assert alg.weighting == "uniform"
   assert hp["r_mode"] == "local" and hp["l2r_squared"] is True
   assert (alg.local_steps, alg.batch_size) == (5, 64)
+  # the official code creates each client's optimizer once (tests/test_client_opt_state.py)
+  assert alg.client_optimizer_state == hp["client_optimizer_state"] == "persistent"
   assert make_algorithm("fedl2r").hparams["probabilistic"] is False
   assert make_algorithm("fedcmi").hparams["alpha_l2r"] == 0.0
 

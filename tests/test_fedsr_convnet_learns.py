@@ -16,6 +16,7 @@ def test_cnn_pool_is_checked():
     models.cnn(1, (4,), 3, pool="avg")
 
 
+@pytest.mark.slow
 def test_rotated_mnist_defaults_learn_in_a_few_federated_rounds():
   task = tasks.make_task("rotated_mnist", n_per_domain=200, holdout="30", channels=(8, 16),
                          z_dim=32)

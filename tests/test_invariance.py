@@ -1,4 +1,5 @@
 """Invariant FedAvg (IRMv1) and FedIIR: schedule, closed forms, slow reference loops."""
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,6 +10,7 @@ from fedjax_inv.algorithms import fediir, invariance
 from fedjax_inv.core.algorithm import Batch, Context
 from fedjax_inv.core.engine import build_round, default_forward, init_state
 from tests.reference import batch_indices, round_keys
+from tests.trees import max_abs_diff
 
 COHORT = 4  # of the 5 tiny_binary clients
 
@@ -18,15 +20,8 @@ def _sigmoid(f):
 
 
 def _leaves_close(a, b, rtol=2e-4, atol=2e-6):
-  la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
-  assert len(la) == len(lb)
-  for x, y in zip(la, lb):
-    np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=rtol, atol=atol)
-
-
-def _max_abs_diff(a, b):
-  return max(float(jnp.max(jnp.abs(x - y))) for x, y in
-             zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+  # Same structure (containers, keys) and leaf shapes, then values.
+  chex.assert_trees_all_close(a, b, rtol=rtol, atol=atol)
 
 
 def _engine(model, data, alg, rounds, strategy="scan", seed=0):
@@ -142,7 +137,7 @@ def test_inv_fedavg_during_warmup_is_fedavg(tiny_binary, strategy):
   # Guard: once the penalty is on, the same round gives a different model.
   on, _ = _engine(model, data, make_algorithm("inv_fedavg", penalty_weight=1e4,
                                               warmup_rounds=1, **kw), 2, strategy)
-  assert _max_abs_diff(on.params, avg.params) > 1e-4
+  assert max_abs_diff(on.params, avg.params) > 1e-4
 
 
 @pytest.mark.parametrize("lam", [0.5, 100.0])
@@ -161,7 +156,7 @@ def test_inv_fedavg_matches_reference_loop(tiny_binary, lam, irm_mode):
   p = _reference_round(data, p1, irm, 1, **ref)
   _leaves_close(got.params, p)
   # Guard: the unpenalized second round would be detectably different.
-  assert _max_abs_diff(_reference_round(data, p1, erm, 1, **ref), p) > 1e-5
+  assert max_abs_diff(_reference_round(data, p1, erm, 1, **ref), p) > 1e-5
 
 
 def test_per_sample_irm_v1_closed_form():
@@ -236,7 +231,7 @@ def test_fediir_ema_matches_hand_loop(tiny_binary, ema_init):
       g = jax.tree.map(lambda m, b: v * m + (1 - v) * b, g, g_bar)
   _leaves_close(server.extras["fediir"]["g"], g, rtol=1e-5, atol=1e-7)
   # Guard: the model moved, so the EMA differs from the last round's plain mean.
-  assert _max_abs_diff(g, g_bar) > 1e-5
+  assert max_abs_diff(g, g_bar) > 1e-5
 
 
 def _fediir_ctx(params, target):
@@ -276,8 +271,8 @@ def test_fediir_penalty_value_and_featurizer_gradient(tiny_binary):
   eps = 1e-2
   shift = lambda s: jax.tree.map(lambda a, d: a + s * d, params, direction)  # noqa: E731
   fd = (float(penalty(shift(eps))) - float(penalty(shift(-eps)))) / (2 * eps)
-  ad = sum(float(jnp.sum(g * d)) for g, d in
-           zip(jax.tree.leaves(grads), jax.tree.leaves(direction)))
+  ad = sum(jax.tree.leaves(jax.tree.map(lambda g, d: float(jnp.sum(g * d)), grads,
+                                        direction)))
   np.testing.assert_allclose(ad, fd, rtol=2e-2)
   assert abs(ad) > 1e-3
 
@@ -288,7 +283,7 @@ def test_fediir_penalty_value_and_featurizer_gradient(tiny_binary):
         model, "binary", p, model.features(p, x), y, w))
     return fediir.gradient_alignment(g, target, gamma)
   dead = jax.jit(jax.grad(detached))(params)
-  assert all(float(jnp.max(jnp.abs(a))) == 0.0 for a in jax.tree.leaves(dead))
+  chex.assert_trees_all_equal(dead, jax.tree.map(jnp.zeros_like, params))
 
 
 @pytest.mark.parametrize("strategy", ["vmap"])
@@ -310,7 +305,7 @@ def test_fediir_round_matches_reference_loop(tiny_binary, strategy):
   _leaves_close(got.params, p)
   plain, _ = _engine(model, data, make_algorithm("fedavg", weighting="uniform", **kw), 2,
                      strategy)
-  assert _max_abs_diff(plain.params, p) > 1e-5
+  assert max_abs_diff(plain.params, p) > 1e-5
 
 
 def test_fediir_hparams_and_defaults():

@@ -242,6 +242,7 @@ def test_resplit_uses_the_seed_for_the_data_split(monkeypatch):
   assert seen[0][1] == seen[1][1]  # one fixed split
 
 
+@pytest.mark.slow
 def test_rotated_mnist_lodo_table_on_bundled_digits(tmp_path):
   """Issue 4's done-criterion: the leave-one-domain-out runner produces the paper-style
   table for rotated_mnist on the bundled offline digits (small sizes for CI)."""
@@ -260,7 +261,9 @@ def test_rotated_mnist_lodo_table_on_bundled_digits(tmp_path):
   rows = [r for r in result["table"] if r["selection"] == "test-domain oracle"]
   cells = rows[0]["cells"]
   for d in result["domains"]:
-    assert 0.0 <= cells[d]["mean"] <= 1.0
+    # one seed: the test-domain oracle's cell is the best held-out accuracy of that run
+    run = next(r for r in result["runs"] if r["holdout"] == d)
+    assert cells[d]["values"] == [max(e["ood_accuracy"] for e in run["history"])]
   # the oracle is never below training-domain validation selection
   val = next(r for r in result["table"] if r["selection"] == "training-domain validation")
   assert all(cells[d]["mean"] >= val["cells"][d]["mean"] - 1e-9 for d in result["domains"])

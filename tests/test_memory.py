@@ -108,7 +108,8 @@ def test_auto_strategy_chunks_instead_of_failing():
                               capacity_bytes=big) == ("vmap", None)
   assert memory.auto_strategy(MODEL, ALG, 64, N_MAX, FEAT, backend="gpu", num_devices=1,
                               capacity_bytes=small) == ("chunked", 8)
-  with pytest.raises(memory.DoesNotFitError):
+  with pytest.raises(memory.DoesNotFitError,
+                     match="clients_per_round=64 does not fit even one client at a time"):
     memory.auto_strategy(MODEL, ALG, 64, N_MAX, FEAT, backend="gpu", num_devices=1,
                          capacity_bytes=1000)
 

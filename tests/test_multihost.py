@@ -17,6 +17,7 @@ import sys
 import tempfile
 import time
 
+import chex
 import jax
 import numpy as np
 import pytest
@@ -108,6 +109,7 @@ def result():
   return _run_all()
 
 
+@pytest.mark.multiprocess
 def test_two_processes_form_one_8_device_mesh_and_hold_only_their_clients(result):
   r = result
   assert r["single"]["process_count"] == 1 and r["single"]["device_count"] == 8
@@ -120,6 +122,7 @@ def test_two_processes_form_one_8_device_mesh_and_hold_only_their_clients(result
     assert w["pool_global_shape"] == [32, 12, 6]
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("alg", ["fedavg", "scaffold"])
 def test_two_processes_equal_one_process(result, alg):
   r = result
@@ -129,8 +132,10 @@ def test_two_processes_equal_one_process(result, alg):
   # The processes read the same replicated results, bit for bit.
   assert p0["params"] == p1["params"] and p0["train_loss"] == p1["train_loss"]
   # Equal to one process up to float32 summation order of the all-reduce.
-  for a, b in zip(one["params"], p0["params"]):
-    np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=1e-6)
+  # The leaves came back as JSON lists: compare them as lists of arrays (chex checks the
+  # leaf count, numpy each leaf's shape).
+  chex.assert_trees_all_close([np.asarray(b) for b in p0["params"]],
+                              [np.asarray(a) for a in one["params"]], rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(p0["train_loss"], one["train_loss"], rtol=1e-6)
   np.testing.assert_allclose(p0["client_states"], one["client_states"], rtol=1e-5)
   assert len(one["train_loss"]) == 3

@@ -42,6 +42,7 @@ def test_stored_notebook_has_no_outputs_and_a_colab_install_cell(name):
 
 
 @pytest.mark.slow
+@pytest.mark.multiprocess  # each notebook runs in its own ipykernel process
 @pytest.mark.parametrize("name", NOTEBOOKS)
 def test_notebook_runs_end_to_end_at_ci_size(name, tmp_path, monkeypatch):
   nbformat = pytest.importorskip("nbformat")

@@ -63,8 +63,9 @@ def test_scoped_hyperparameters():
 
 
 def test_run_help_shows_every_default(capsys):
-  with pytest.raises(SystemExit):
+  with pytest.raises(SystemExit) as exit_:
     cli.main(["run", "--help"])
+  assert exit_.value.code == 0  # --help exits cleanly
   out = " ".join(capsys.readouterr().out.split())
   for key, (_, help_) in cli.RUN_KEYS.items():
     assert "default" in help_, key

@@ -41,9 +41,11 @@ def test_iid_partition_covers_and_balances():
   assert not all(np.array_equal(a, b) for a, b in zip(parts, P.iid_partition(103, 10, 4)))
 
 
-@pytest.mark.parametrize("n,clients", [(0, 1), (5, 0), (5, 6), (5, 2.5)])
-def test_iid_partition_errors(n, clients):
-  with pytest.raises(ValueError):
+@pytest.mark.parametrize("n,clients,match", [
+    (0, 1, "n=0"), (5, 0, "num_clients=0"), (5, 6, "num_clients=6 exceeds the 5 examples"),
+    (5, 2.5, "num_clients=2.5")])
+def test_iid_partition_errors(n, clients, match):
+  with pytest.raises(ValueError, match=match):
     P.iid_partition(n, clients)
 
 

@@ -1,6 +1,7 @@
 """Issue 13: S seeds batched as one program (`replicas.run_replicas`, vmap over a
 replica axis) give the same histories, final models and selected rounds as S sequential
 `simulation.run` calls; a diverging replica is reported without stopping the others."""
+import chex
 import jax
 import numpy as np
 import pytest
@@ -42,8 +43,7 @@ def test_batched_replicas_equal_sequential_runs(tiny_binary, name, hp, rpc):
   for s, b in zip(seeds, batched):
     ref = simulation.run(task, alg, seed=s, **kw)
     _close_history(b.history, ref.history)
-    for x, y in zip(jax.tree.leaves(b.params), jax.tree.leaves(ref.params)):
-      np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=2e-6, atol=1e-7)
+    chex.assert_trees_all_close(b.params, ref.params, rtol=2e-6, atol=1e-7)
     assert b.selected["min:ood_loss"]["round"] == ref.selected["min:ood_loss"]["round"]
   # distinct seeds really are distinct runs
   assert batched[0].final["ood_loss"] != batched[1].final["ood_loss"]
@@ -79,8 +79,10 @@ def test_cli_replicas_batched_matches_sequential_and_says_so(tmp_path):
   b = json.loads((tmp_path / "b" / "summary.json").read_text())
   s = json.loads((tmp_path / "s" / "summary.json").read_text())
   assert b["replicas"].startswith("batched") and s["replicas"] == "sequential"
-  for rb, rs in zip(b["runs"], s["runs"]):
+  assert len(b["runs"]) == len(s["runs"]) == 2 * 2  # 2 algorithms x 2 seeds
+  for rb, rs in zip(b["runs"], s["runs"], strict=True):
     assert (rb["algorithm"], rb["seed"]) == (rs["algorithm"], rs["seed"])
+    assert rb["final"].keys() == rs["final"].keys()
     for k, v in rs["final"].items():
       np.testing.assert_allclose(rb["final"][k], v, rtol=2e-6, err_msg=k)
   rows = [json.loads(l) for l in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]

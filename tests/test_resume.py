@@ -72,18 +72,39 @@ def test_ctrl_c_writes_finished_runs_exits_130_and_resumes(tmp_path, monkeypatch
   _same_results(json.loads((out / "summary.json").read_text()), _rows(out), reference)
 
 
+# The child process runs the CLI with seed 1's run held at its start: it writes a marker
+# and blocks, so the test kills it at a known point (seed 0 recorded, seed 1 started,
+# nothing of seed 1 written) however loaded the machine is. No timing decides the outcome.
+_HELD_CHILD = """
+import pathlib, sys, time
+from fedjax_inv import cli, simulation
+real = simulation.run
+def run(*a, **k):
+  if k.get("seed") == 1:
+    pathlib.Path(sys.argv[1]).write_text("seed 1 started")
+    while True:
+      time.sleep(1)
+  return real(*a, **k)
+simulation.run = run
+sys.exit(cli.main(sys.argv[2:]))
+"""
+
+
+@pytest.mark.multiprocess
 def test_kill_9_keeps_finished_runs_and_resume_completes(tmp_path, reference):
   out = tmp_path / "killed"
+  held = tmp_path / "seed1_started"
   env = dict(os.environ, JAX_PLATFORMS="cpu")
-  proc = subprocess.Popen([sys.executable, "-m", "fedjax_inv.cli"] + ARGS +
+  proc = subprocess.Popen([sys.executable, "-c", _HELD_CHILD, str(held)] + ARGS +
                           ["--out", str(out)], stdout=subprocess.DEVNULL,
                           stderr=subprocess.DEVNULL, env=env)
   first = out / "fedavg" / "seed0" / "summary.json"
   try:
-    deadline = time.time() + 240
-    while not first.exists() and proc.poll() is None and time.time() < deadline:
-      time.sleep(0.02)
-    assert first.exists(), "the first run never finished"
+    deadline = time.time() + 600  # a bound for a broken child, not a race
+    while not held.exists() and proc.poll() is None and time.time() < deadline:
+      time.sleep(0.05)
+    assert held.exists(), f"seed 1 never started (child exit code {proc.poll()})"
+    assert first.exists(), "seed 1 started before seed 0 was recorded"
     proc.send_signal(signal.SIGKILL)
     proc.wait(30)
   finally:
@@ -108,8 +129,8 @@ def test_resume_refuses_a_different_config(tmp_path):
 
 
 def test_checkpoint_resume_is_bit_identical(tiny_binary, tmp_path):
+  import chex
   import numpy as np
-  import jax
   from fedjax_inv.algorithms import make_algorithm
   from fedjax_inv.tasks import Task
   data, model = tiny_binary
@@ -131,11 +152,9 @@ def test_checkpoint_resume_is_bit_identical(tiny_binary, tmp_path):
                        callback=seen.append, **kw)
   assert res.history == ref.history  # exact floats, every round
   assert seen == ref.history  # the restored rounds 1-4 are replayed to the callback
-  for a, b in zip(jax.tree.leaves(res.params), jax.tree.leaves(ref.params)):
-    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  chex.assert_trees_all_equal(res.params, ref.params)
   assert res.selected == ref.selected
-  for a, b in zip(jax.tree.leaves(res.selected_params), jax.tree.leaves(ref.selected_params)):
-    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  chex.assert_trees_all_equal(res.selected_params, ref.selected_params)
   # restored from round 4: a fresh start with a bad checkpoint would be refused
   other = make_algorithm("fedavg", client_lr=0.1, local_steps=2, batch_size=8)
   bad_model_task = Task("tiny", "binary", data, {}, __import__("fedjax_inv").models.mlp(
@@ -184,6 +203,7 @@ def _steps(ckpt):
       if ckpt.is_dir() else []
 
 
+@pytest.mark.multiprocess
 def test_sigkill_mid_run_then_resume_is_bit_identical(tmp_path, monkeypatch):
   """SIGKILL lands while the (only) run is between rounds 10 and 60 — possibly during an
   orbax save; `--resume` continues from the newest complete checkpoint and ends with the

@@ -10,14 +10,17 @@ import subprocess
 import sys
 import textwrap
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from fedjax_inv import models
 from fedjax_inv.algorithms import make_algorithm
 from fedjax_inv.core import engine
 from fedjax_inv.core.data import ClientData
+from tests.trees import max_abs_diff
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -83,8 +86,9 @@ SCRIPT = textwrap.dedent("""
         server, cs, metrics = rf(server, cs, pool, key)
       jax.block_until_ready(server)
     out["scale_rounds"] = int(server.round)
-    out["scale_moved"] = float(max(jnp.max(jnp.abs(a - b)) for a, b in zip(
-        jax.tree.leaves(server.params), jax.tree.leaves(p0))))
+    # jax.tree.map pairs the leaves by structure (it raises if the trees differ).
+    out["scale_moved"] = max(jax.tree.leaves(jax.tree.map(
+        lambda a, b: float(jnp.max(jnp.abs(a - b))), server.params, p0)))
     out["scale_unique"] = int(np.unique(np.asarray(metrics["clients"])).size)
     print("RESULT" + json.dumps(out))
 """)
@@ -110,21 +114,27 @@ def result():
   return _CACHE["r"]
 
 
+@pytest.mark.multiprocess  # the 8-device subprocess (result())
 def test_eight_devices_and_mesh():
   r = result()
   assert r["device_count"] == 8
   assert r["mesh"] == {"clients": 8}
 
 
+@pytest.mark.multiprocess  # the 8-device subprocess (result())
 def test_sharded_rounds_equal_unsharded():
   r = result()
   for strategy in ("vmap", "chunked"):
     res = r[strategy]
-    for a, b in zip(res["plain_params"], res["sharded_params"]):
-      np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+    # The leaves came back as JSON lists: compare them as a list of arrays (chex checks
+    # the leaf count and numpy each leaf's shape).
+    chex.assert_trees_all_close([np.asarray(a) for a in res["plain_params"]],
+                                [np.asarray(b) for b in res["sharded_params"]],
+                                rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(res["plain_loss"], res["sharded_loss"], rtol=1e-5)
 
 
+@pytest.mark.multiprocess  # the 8-device subprocess (result())
 def test_client_axis_is_actually_sharded():
   """The sharded round constrains the client axis to the 'clients' mesh axis, XLA
   partitions it 8 ways and sums the clients' statistics with a cross-device all-reduce;
@@ -138,6 +148,7 @@ def test_client_axis_is_actually_sharded():
   assert r["vmap"]["sharded_per_device_cohort"] and not r["vmap"]["plain_per_device_cohort"]
 
 
+@pytest.mark.multiprocess  # the 8-device subprocess (result())
 def test_100k_client_pool_sharded_runs_without_host_transfers():
   r = result()
   assert r["pool_devices"] == 8
@@ -168,6 +179,4 @@ def test_100k_client_pool_single_device_stays_on_device():
   assert int(server.round) == 2
   a, b = (np.asarray(s) for s in seen)
   assert np.unique(a).size == 1000 and not np.array_equal(np.sort(a), np.sort(b))
-  moved = max(float(jnp.max(jnp.abs(x - y))) for x, y in
-              zip(jax.tree.leaves(server.params), jax.tree.leaves(p0)))
-  assert moved > 1e-4
+  assert max_abs_diff(server.params, p0) > 1e-4

@@ -1,15 +1,16 @@
 """Client and server chains (issue 14): a component's ``client_stage`` / ``server_stage`` is
 an optax transformation in ``Algorithm.client_chain()`` / ``server_chain()``, whose order is
 the algorithm; a stage's state is the component's server state the clients read."""
+import chex
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 import pytest
 
 from fedjax_inv.algorithms import make_algorithm
 from fedjax_inv.core.algorithm import Component, client_stage, server_stage
 from fedjax_inv.core.engine import build_round, init_state
+from tests.trees import max_abs_diff
 
 
 def _rounds(alg, data, model, rounds=2):
@@ -22,8 +23,7 @@ def _rounds(alg, data, model, rounds=2):
 
 
 def _close(a, b, rtol=1e-5, atol=1e-7):
-  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
-    np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=rtol, atol=atol)
+  chex.assert_trees_all_close(a, b, rtol=rtol, atol=atol)
 
 
 def test_a_server_stage_scaling_the_pseudo_gradient_equals_a_smaller_server_lr(tiny_binary):
@@ -38,9 +38,7 @@ def test_a_server_stage_scaling_the_pseudo_gradient_equals_a_smaller_server_lr(t
          _rounds(make_algorithm("fedavg", server_lr=0.5, **kw), data, model).params)
   # ... and it did something: the full step differs.
   full = _rounds(make_algorithm("fedavg", **kw), data, model).params
-  assert max(float(jnp.max(jnp.abs(a - b))) for a, b in
-             zip(jax.tree.leaves(full), jax.tree.leaves(_rounds(staged, data, model).params))
-             ) > 1e-5
+  assert max_abs_diff(full, _rounds(staged, data, model).params) > 1e-5
 
 
 def test_a_client_stage_runs_before_the_client_optimizer(tiny_binary):

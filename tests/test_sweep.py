@@ -2,7 +2,7 @@
 (client/server learning rate, FedProx mu, Fishr lambda, FedIIR gamma, FedGMA tau) let a grid × seeds
 run as one batched program whose every replica equals the sequential run of that point;
 names that change the program fall back to one run after another, with the reason."""
-import jax
+import chex
 import numpy as np
 import pytest
 
@@ -78,8 +78,7 @@ def _assert_equal_runs(a, b, rtol):
   for x, y in zip(a.history, b.history):
     for k in x:
       np.testing.assert_allclose(x[k], y[k], rtol=rtol, atol=atol, err_msg=k)
-  for x, y in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params)):
-    np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=rtol, atol=atol)
+  chex.assert_trees_all_close(a.params, b.params, rtol=rtol, atol=atol)
 
 
 @pytest.mark.parametrize("name,spec,fixed,rtol", [

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from fedjax_inv import Task, from_client_arrays, models
+from fedjax_inv.core.data import ClientData
 
 
 def _arrays(labels, n=6, d=3, dtype=np.int32):
@@ -32,12 +33,31 @@ def test_multiclass_labels_checked_against_model_outputs():
     Task("t", "multiclass", data, {"ood": neg}, models.mlp(3, (4,), 6), {})
 
 
-def test_padding_rows_are_not_checked():
-  # A short client is padded with label 0; only real rows count.
+def _with_label(data, client, row, value):
+  y = np.array(data.y)
+  y[client, row] = value
+  return ClientData(x=data.x, y=y, n=data.n)
+
+
+@pytest.mark.parametrize("bad", [7, -3])
+def test_padding_rows_are_not_checked(bad):
+  """Only real rows count: a label outside {0, 1} in a padded row (past n[i]) is
+  accepted, while the same value in a real row of the same client is refused."""
   xs, ys = _arrays([[1, 1, 1, 1, 1, 1]])
   xs.append(xs[0][:2])
-  ys.append(np.array([1, 1], np.int32))
-  Task("t", "binary", from_client_arrays(xs, ys), {}, models.mlp(3, (4,), 1), {})
+  ys.append(np.array([1, 0], np.int32))
+  data = from_client_arrays(xs, ys)
+  assert np.asarray(data.n).tolist() == [6, 2] and data.y.shape == (2, 6)
+  padded = _with_label(data, 1, slice(2, None), bad)    # rows 2..5 of client 1: padding
+  model = models.mlp(3, (4,), 1)
+  Task("t", "binary", padded, {}, model, {})           # no error
+  Task("t", "binary", data, {"ood": padded}, model, {})  # eval sets alike
+  real = _with_label(data, 1, 0, bad)                    # row 0 of client 1: real
+  lo, hi = min(bad, 0), max(bad, 1)
+  with pytest.raises(ValueError, match=rf"train labels span {lo}\.\.{hi}"):
+    Task("t", "binary", real, {}, model, {})
+  with pytest.raises(ValueError, match=rf"ood labels span {lo}\.\.{hi}"):
+    Task("t", "binary", data, {"ood": real}, model, {})
 
 
 @pytest.mark.parametrize("kind,outputs,match", [

@@ -187,6 +187,15 @@ def _ms(v):
 
 
 def cmd_table(a):
+  text = table_text(a.tags)
+  out = RESULTS / (a.out or "table.md")
+  out.write_text(text)
+  print(text)
+
+
+def table_text(tags=None) -> str:
+  """The markdown tables (reported round and fixed rounds) from ``results/*.json``; the
+  README's block ``<!-- fair:fedilc -->`` is this text (``experiments/fair.py tables``)."""
   lines = ["| row | tag | OOD loss (paper) | OOD loss (ours) | OOD acc (paper) | OOD acc "
            "(ours) | AUROC (paper, thr.) | AUROC thr. (ours) | AUROC (ours) | AUPRC "
            "(paper, thr.) | AUPRC thr. (ours) | AUPRC (ours) | acc var ×1000 | acc entropy ×10 | best round | "
@@ -194,7 +203,7 @@ def cmd_table(a):
            "|" + "---|" * 16]
   for f in sorted(RESULTS.glob("*.json")):
     d = json.loads(f.read_text())
-    if a.tags and d["tag"] not in a.tags:
+    if tags and d["tag"] not in tags:
       continue
     rs = d["runs"]
     p = PAPER.get(d["method"]) if d["runs"][0].get("task", TASK) == TASK else None
@@ -215,7 +224,7 @@ def cmd_table(a):
             "|---|" + "---|" * len(MATCHED)]
   for f in sorted(RESULTS.glob("*.json")):
     d = json.loads(f.read_text())
-    if a.tags and d["tag"] not in a.tags:
+    if tags and d["tag"] not in tags:
       continue
     cells = []
     for r in MATCHED:
@@ -223,10 +232,7 @@ def cmd_table(a):
       cells.append(f"{np.mean([h['ood_loss'] for h in hs]):.3f} / "
                    f"{np.mean([h['ood_accuracy'] for h in hs]):.3f}" if hs else "–")
     lines.append(f"| {d['tag']} | " + " | ".join(cells) + " |")
-  text = "\n".join(lines) + "\n"
-  out = RESULTS / (a.out or "table.md")
-  out.write_text(text)
-  print(text)
+  return "\n".join(lines) + "\n"
 
 
 def main(argv=None):

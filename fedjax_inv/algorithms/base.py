@@ -6,7 +6,10 @@ paper's name with ``@register(name, paper=..., summary=...)``. Common keyword ar
 ``batch_size`` (None = full client batch), ``client_optimizer`` ('sgd' | 'momentum' |
 'adam'), ``weight_decay``, ``server_optimizer`` ('sgd' | 'momentum' | 'adagrad' | 'adam'
 | 'yogi'), ``aggregator`` ('mean' | 'geometric' | 'gma' | 'and_mask'), ``tau``,
-``weighting`` ('num_examples' | 'uniform').
+``weighting`` ('num_examples' | 'uniform'), ``client_optimizer_state`` ('restart' |
+'persistent': a client's optimizer state restarts every round or persists across its
+rounds, ``Algorithm.client_optimizer_state``; 'persistent' is the default of ``fedsr``,
+``fedl2r`` and ``fedcmi`` only).
 """
 from __future__ import annotations
 
@@ -57,6 +60,9 @@ def registry() -> dict[str, Entry]:
 def make_algorithm(name: str, **hparams) -> Algorithm:
   """Builds the registered algorithm ``name`` with keyword hyperparameters.
 
+  Every registered algorithm accepts the common ``client_optimizer_state='restart' |
+  'persistent'`` (``Algorithm.client_optimizer_state``) and records it in ``hparams``.
+
   Raises:
     ValueError: unknown name (lists the available ones) or a bad hyperparameter.
   """
@@ -68,7 +74,8 @@ def make_algorithm(name: str, **hparams) -> Algorithm:
 
 def client_optimizer(name: str, lr: float, weight_decay: float = 0.0,
                      momentum: float = 0.9) -> optax.GradientTransformation:
-  """Client (local) optimizer by name; a fresh state is created every round.
+  """Client (local) optimizer by name; its state is created fresh every round, or once
+  per client with ``client_optimizer_state='persistent'``.
 
   'adam' with ``weight_decay > 0`` is AdamW (decoupled decay) as in FedILC §5.1.
   """
@@ -168,18 +175,20 @@ def build(name: str, *, components=(), client_lr: float = 0.1, server_lr: float 
           server_optimizer: str = "sgd", server_momentum: float = 0.9,
           b1: float = 0.9, b2: float = 0.99, server_tau: float = 1e-3,
           aggregator: str = "mean", tau: float = 0.4, weighting: str = "num_examples",
-          **extra) -> Algorithm:
+          client_optimizer_state: str = "restart", **extra) -> Algorithm:
   """Assembles an ``Algorithm`` from the common knobs (see module docstring).
 
   Raises:
-    ValueError: unknown keyword (names it) or bad value.
+    ValueError: unknown keyword (names it) or bad value (e.g. a ``client_optimizer_state``
+      other than 'restart' / 'persistent').
   """
   if extra:
     raise ValueError(f"algorithm {name!r} got unknown hyperparameters {sorted(extra)}.")
   hp = dict(client_lr=client_lr, server_lr=server_lr, local_steps=local_steps,
             batch_size=batch_size, client_optimizer=client_optimizer,
             weight_decay=weight_decay, server_optimizer=server_optimizer,
-            aggregator=aggregator, tau=tau, weighting=weighting)
+            aggregator=aggregator, tau=tau, weighting=weighting,
+            client_optimizer_state=client_optimizer_state)
   if server_optimizer in ("adagrad", "adam", "yogi"):
     hp.update(b1=b1, b2=b2, server_tau=server_tau)
   return Algorithm(
@@ -189,7 +198,8 @@ def build(name: str, *, components=(), client_lr: float = 0.1, server_lr: float 
                                    server_tau),
       local_steps=int(local_steps), batch_size=batch_size,
       aggregator=_agg(aggregator, tau), weighting=weighting,
-      components=tuple(components), hparams=hp)
+      components=tuple(components), hparams=hp,
+      client_optimizer_state=client_optimizer_state)
 
 
 _client_opt = client_optimizer

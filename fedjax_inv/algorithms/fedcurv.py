@@ -152,7 +152,8 @@ def fedcurv_component(curv_lambda: float, fisher_chunk: int = 64) -> Component:
 def fedcurv_shoham(*, curv_lambda: float = 1.0, client_optimizer: str = "sgd",
                    client_lr: float = 1.0, local_steps: int = 1, batch_size=None,
                    client_weight_decay: float = 0.0, fisher_chunk: int = 64,
-                   weighting: str = "num_examples", **kw) -> Algorithm:
+                   weighting: str = "num_examples", client_optimizer_state: str = "restart",
+                   **kw) -> Algorithm:
   """Shoham et al.'s FedCurv: clients minimize ``L_i(θ) + λ Σ_{j≠i} Σ_k F_{j,k}(θ_k −
   θ̂_{j,k})²`` with the last local model ``θ̂_j`` and diagonal Fisher ``F_j`` of every
   pool client ``j`` that has participated (pool sums, ``fedcurv_component``); the
@@ -171,6 +172,8 @@ def fedcurv_shoham(*, curv_lambda: float = 1.0, client_optimizer: str = "sgd",
       training (``base.client_optimizer``: 'sgd' | 'momentum' | 'adam').
     fisher_chunk: examples per vectorized chunk of per-example gradients (memory only).
     weighting: 'num_examples' | 'uniform'.
+    client_optimizer_state: 'restart' (default) | 'persistent'
+      (``Algorithm.client_optimizer_state``).
     **kw: the server knobs of ``fedsgd_type.server_optimizer``.
 
   Raises:
@@ -192,8 +195,9 @@ def fedcurv_shoham(*, curv_lambda: float = 1.0, client_optimizer: str = "sgd",
   hp = dict(curv_lambda=float(curv_lambda), client_optimizer=client_optimizer,
             client_lr=float(client_lr), local_steps=local_steps, batch_size=batch_size,
             client_weight_decay=cwd, fisher_chunk=int(fisher_chunk), weighting=weighting,
-            aggregator="mean", **hp)
+            aggregator="mean", **hp, client_optimizer_state=client_optimizer_state)
   return Algorithm(name="fedcurv_shoham", client_optimizer=copt, server_optimizer=opt,
                    local_steps=local_steps, batch_size=batch_size,
                    aggregator=aggs.weighted_mean(), weighting=weighting,
-                   components=(comp,), hparams=hp)
+                   components=(comp,), hparams=hp,
+                   client_optimizer_state=client_optimizer_state)

@@ -15,7 +15,7 @@ WEIGHTINGS = ("num_examples", "uniform")
 # FedILC §5.1.1 Color-MNIST server settings (official torch.optim.Adam(lr, weight_decay)).
 SERVER_DEFAULTS = dict(server_optimizer="adam", server_lr=3e-4, weight_decay=0.01, b1=0.9,
                        b2=0.999, eps=1e-8)
-COMMON = ("batch_size", "weighting") + tuple(SERVER_DEFAULTS)
+COMMON = ("batch_size", "weighting", "client_optimizer_state") + tuple(SERVER_DEFAULTS)
 _FEDSGD_FIXED = ("client_lr", "local_steps", "client_optimizer")
 
 
@@ -103,8 +103,10 @@ def fedsgd_type(name: str, kw: dict, *, aggregator: aggs.Aggregator, components:
 
   Args:
     name: registry name.
-    kw: the remaining keywords of the factory: ``batch_size``, ``weighting`` and the server
-      knobs (:data:`SERVER_DEFAULTS`); anything else is refused.
+    kw: the remaining keywords of the factory: ``batch_size``, ``weighting``,
+      ``client_optimizer_state`` ('restart' default | 'persistent'; the one ``sgd(1.0)``
+      step keeps no state, so both run the same numbers) and the server knobs
+      (:data:`SERVER_DEFAULTS`); anything else is refused.
     aggregator, components: the method's.
     extra_hp: the factory's own hyperparameters, recorded in ``hparams``.
 
@@ -117,11 +119,13 @@ def fedsgd_type(name: str, kw: dict, *, aggregator: aggs.Aggregator, components:
   batch_size = _pos_int("batch_size", kw.pop("batch_size", None), allow_none=True,
                         none_means="the full client data")
   weighting = kw.pop("weighting", "num_examples")
+  client_state = kw.pop("client_optimizer_state", "restart")
   opt, hp = server_settings(name, kw)
   _choice("weighting", weighting, WEIGHTINGS)
   hp = dict(client_optimizer="sgd", client_lr=1.0, local_steps=1, batch_size=batch_size,
-            weighting=weighting, aggregator=aggregator.name, **hp, **extra_hp)
+            weighting=weighting, aggregator=aggregator.name, **hp, **extra_hp,
+            client_optimizer_state=client_state)
   return Algorithm(name=name, client_optimizer=optax.sgd(1.0), server_optimizer=opt,
                    local_steps=1, batch_size=batch_size, aggregator=aggregator,
                    weighting=weighting, components=tuple(components),
-                   hparams=hp)
+                   hparams=hp, client_optimizer_state=client_state)

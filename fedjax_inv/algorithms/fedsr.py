@@ -95,7 +95,9 @@ def fedsr_component(alpha_l2r: float = 1e-2, alpha_cmi: float = 5e-4,
       mu, sigma = fwd.aux
       r_mu, r_sigma = reference(params, ctx)
       y = batch.y.reshape(batch.y.shape[0]).astype(jnp.int32)
-      kl = penalties.gaussian_kl(mu, sigma, r_mu[y], r_sigma[y])
+      keep = batch.w > 0  # padded rows reach neither the KL's value nor its gradient
+      kl = penalties.gaussian_kl(losses.mask_rows(mu, keep), losses.mask_rows(sigma, keep, 1),
+                                 r_mu[y], r_sigma[y])
       total = total + alpha_cmi * losses.weighted_mean(kl, batch.w)
     return total
 
@@ -178,7 +180,7 @@ def _build(name, *, alpha_l2r, alpha_cmi, z_dim, mc_samples, l2r_squared, r_mode
 def fedsr(alpha_l2r: float = 1e-2, alpha_cmi: float = 5e-4, z_dim: int | None = None,
           mc_samples: int = 20, l2r_squared: bool = True, r_mode: str = "local",
           sigma_min: float = 1e-5, local_steps: int = 5, batch_size: int | None = 64,
-          weighting: str = "uniform", **kw):
+          weighting: str = "uniform", client_optimizer_state: str = "persistent", **kw):
   """FedSR: FedAvg with client objective ``CE + α_L2R ℓ^L2R + α_CMI ℓ^CMI`` (FedSR eq. 9)
   on a probabilistic representation ``z ~ N(μ(x), σ(x)²)``.
 
@@ -192,17 +194,23 @@ def fedsr(alpha_l2r: float = 1e-2, alpha_cmi: float = 5e-4, z_dim: int | None = 
     sigma_min: floor added to every softplus standard deviation.
     local_steps, batch_size: FedSR §4.2 (E = 5, minibatch 64).
     weighting: ``'uniform'`` (FedSR eq. 1, official ``communicate``) | ``'num_examples'``.
+    client_optimizer_state: ``'persistent'`` (default: each client's optimizer state,
+      e.g. its SGD momentum buffers, is created once and carried across the rounds it
+      takes part in, in the engine's per-client pool ``[N, ...]``; the official code
+      creates every client's optimizer once) | ``'restart'`` (a fresh state every round,
+      FedAvg's ClientUpdate). See ``Algorithm.client_optimizer_state``.
     **kw: the common knobs of ``base.build`` (client_lr, server_lr, ...).
 
   Raises:
     ValueError: see :func:`fedsr_component`; ``z_dim`` not a positive int; unknown
-      keyword.
+      keyword; ``client_optimizer_state`` not 'restart' / 'persistent'.
   """
   _reject_fixed("fedsr", kw, dict(probabilistic=True))
   return _build("fedsr", alpha_l2r=alpha_l2r, alpha_cmi=alpha_cmi, z_dim=z_dim,
                 mc_samples=mc_samples, l2r_squared=l2r_squared, r_mode=r_mode,
                 probabilistic=True, sigma_min=sigma_min, local_steps=local_steps,
-                batch_size=batch_size, weighting=weighting, **kw)
+                batch_size=batch_size, weighting=weighting,
+                client_optimizer_state=client_optimizer_state, **kw)
 
 
 @register("fedl2r", paper="FedSR (Nguyen et al. 2022), §3.3.1 eq. 10-11 (FedL2R)",
@@ -210,7 +218,7 @@ def fedsr(alpha_l2r: float = 1e-2, alpha_cmi: float = 5e-4, z_dim: int | None = 
 def fedl2r(alpha_l2r: float = 1e-2, z_dim: int | None = None, probabilistic: bool = False,
            mc_samples: int = 20, l2r_squared: bool = True, sigma_min: float = 1e-5,
            local_steps: int = 5, batch_size: int | None = 64, weighting: str = "uniform",
-           **kw):
+           client_optimizer_state: str = "persistent", **kw):
   """FedL2R: FedSR's L2R term only (FedSR eq. 10-11). Deterministic representation
   ``z = Linear(featurizer(x))`` by default (FedSR §3.3.2 uses a probabilistic network
   only with the CMI term; official ``FedL2R.py``); ``probabilistic=True`` samples ``z``
@@ -223,14 +231,16 @@ def fedl2r(alpha_l2r: float = 1e-2, z_dim: int | None = None, probabilistic: boo
   return _build("fedl2r", alpha_l2r=alpha_l2r, alpha_cmi=0.0, z_dim=z_dim,
                 mc_samples=mc_samples, l2r_squared=l2r_squared, r_mode="local",
                 probabilistic=probabilistic, sigma_min=sigma_min,
-                local_steps=local_steps, batch_size=batch_size, weighting=weighting, **kw)
+                local_steps=local_steps, batch_size=batch_size, weighting=weighting,
+                client_optimizer_state=client_optimizer_state, **kw)
 
 
 @register("fedcmi", paper="FedSR (Nguyen et al. 2022), §3.3.2 eq. 17-18 (FedCMI)",
           summary="probabilistic representation + CMI term KL(p(z|x) || r(z|y))")
 def fedcmi(alpha_cmi: float = 5e-4, z_dim: int | None = None, mc_samples: int = 20,
            r_mode: str = "local", sigma_min: float = 1e-5, local_steps: int = 5,
-           batch_size: int | None = 64, weighting: str = "uniform", **kw):
+           batch_size: int | None = 64, weighting: str = "uniform",
+           client_optimizer_state: str = "persistent", **kw):
   """FedCMI: FedSR's CMI term only (FedSR eq. 17-18) on the probabilistic
   representation. Arguments as in :func:`fedsr`.
 
@@ -241,4 +251,5 @@ def fedcmi(alpha_cmi: float = 5e-4, z_dim: int | None = None, mc_samples: int = 
   return _build("fedcmi", alpha_l2r=0.0, alpha_cmi=alpha_cmi, z_dim=z_dim,
                 mc_samples=mc_samples, l2r_squared=True, r_mode=r_mode,
                 probabilistic=True, sigma_min=sigma_min, local_steps=local_steps,
-                batch_size=batch_size, weighting=weighting, **kw)
+                batch_size=batch_size, weighting=weighting,
+                client_optimizer_state=client_optimizer_state, **kw)

@@ -133,20 +133,27 @@ def search_space(name: str) -> dict:
   return space
 
 
-def random_points(name: str, n: int, seed: int = 0, exclude=()) -> list:
+def random_points(name: str, n: int, seed: int = 0, exclude=(), space=None) -> list:
   """``n`` random points ``[{hyperparameter: value}]`` of :func:`search_space`, without
-  the names in ``exclude`` (values fixed by the user). Reproducible: the stream depends on
-  ``seed`` and ``name`` only (DomainBed's ``hparams_seed``). Floats are rounded to 3
+  the names in ``exclude`` (values fixed by the user). ``space``: optional ``{name:
+  Range}`` that replaces or adds ranges (an experiment's task-specific range, given the
+  same to every method it compares). Reproducible: the stream depends on ``seed``,
+  ``name`` and the space only (DomainBed's ``hparams_seed``). Floats are rounded to 3
   significant digits.
 
   Raises:
-    ValueError: ``n`` not a positive int; ``seed`` negative; unknown algorithm.
+    ValueError: ``n`` not a positive int; ``seed`` negative; unknown algorithm; an empty
+      space (every name excluded).
   """
   if isinstance(n, bool) or not isinstance(n, int) or n < 1:
     raise ValueError(f"search points n={n!r}; use a positive int.")
   if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
     raise ValueError(f"search seed={seed!r}; use an int >= 0.")
-  space = {k: r for k, r in search_space(name).items() if k not in set(exclude)}
+  space = {k: r for k, r in {**search_space(name), **(space or {})}.items()
+           if k not in set(exclude)}
+  if not space:
+    raise ValueError(f"{name}: nothing left to search (every name of its space is in "
+                     f"exclude={sorted(exclude)}); search fewer fixed names.")
   rng = np.random.default_rng([seed, *name.encode()])
   out = []
   for _ in range(100 * n):  # distinct points (a 'choice' range may repeat a draw)

@@ -94,6 +94,9 @@ def per_sample_irm_v1(logits, labels, weights=None, *, loss: str = "cross_entrop
   if logits.ndim == 0 or labels.ndim == 0 or logits.shape[0] != labels.shape[0]:
     raise ValueError(f"logits {tuple(logits.shape)} and labels {tuple(labels.shape)} "
                      "need the same leading sample axis [B, ...].")
+  if weights is not None:  # padded rows reach neither the value nor the gradient
+    keep = jnp.asarray(weights) > 0
+    logits, labels = losses.mask_rows(logits, keep), losses.mask_rows(labels, keep)
   one = lambda f, y: penalties.irm_v1(f[None], y[None], loss=loss)  # noqa: E731
   per_sample = jax.vmap(one)(logits, labels)
   return losses.weighted_mean(per_sample, weights)

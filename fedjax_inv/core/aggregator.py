@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any, Callable, NamedTuple
 
 import jax
+import jax.numpy as jnp
 
 PyTree = Any
 
@@ -45,15 +46,37 @@ def traced_names(aggregator: Aggregator) -> tuple:
 def weighted_mean() -> Aggregator:
   """Weighted arithmetic mean over clients: ``Σ_k w_k m_k / Σ_k w_k``.
 
+  An absent client (``w_k = 0``: not sampled, or a padded client slot) contributes
+  nothing to the value or to the gradient w.r.t. its message, even when its message
+  holds inf or NaN (``where``, not ``0 * m``). If every client is absent
+  (``Σ_k w_k = 0``) the aggregate is 0 (finite, with zero gradient).
+
   Source: McMahan et al. 2017 (FedAvg), Alg. 1 — ``w_k = n_k`` (client size) or 1.
-  Shapes: any message pytree; weights are scalars per client.
+  Shapes: any message pytree (one client's, no client axis; summed over the client axis
+  ``[C]`` by the engine); weights are nonnegative scalars per client.
   """
 
   def lift(message, weight):
-    return (jax.tree.map(lambda m: weight * m, message), weight)
+    present = weight > 0
+
+    def leaf(m):
+      # Double where: the absent client's message is zeroed before the product (so its
+      # cotangent is 0, not 0 * inf) and the product is dropped after it.
+      safe = jnp.where(present, m, jnp.zeros_like(m))
+      wm = weight * safe
+      return jnp.where(present, wm, jnp.zeros_like(wm))
+
+    return (jax.tree.map(leaf, message), weight)
 
   def finalize(stats):
     total, wsum = stats
-    return jax.tree.map(lambda t: t / wsum, total)
+    nonempty = wsum > 0
+    safe = jnp.where(nonempty, wsum, jnp.ones_like(wsum))
+
+    def leaf(t):
+      mean = t / safe
+      return jnp.where(nonempty, mean, jnp.zeros_like(mean))
+
+    return jax.tree.map(leaf, total)
 
   return Aggregator(lift, finalize, "mean")

@@ -228,6 +228,14 @@ def hparam(ctx: "Context", name: str, default):
 
 
 WEIGHTINGS = ("num_examples", "uniform")
+# What happens to a client's optimizer state between the rounds it takes part in
+# (``Algorithm.client_optimizer_state``): 'restart' (a fresh ``init`` every round, FedAvg's
+# ClientUpdate) or 'persistent' (initialized once, kept in the pool; FedSR's official code).
+CLIENT_OPTIMIZER_STATES = ("restart", "persistent")
+# Reserved key of the engine's per-client pool state ``client_states`` holding the
+# persistent client-chain state (``client_optimizer_state='persistent'``). Component names
+# may not take it (``Algorithm`` refuses), so it never clashes with ``init_client`` state.
+CLIENT_OPT_STATE = "__client_optimizer__"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -236,7 +244,8 @@ class Algorithm:
 
   Attributes:
     name: registry name.
-    client_optimizer: optax transformation for local steps (fresh state each round).
+    client_optimizer: optax transformation for local steps (its state: see
+      ``client_optimizer_state``).
     server_optimizer: optax transformation applied to the aggregated pseudo-gradient.
     local_steps: K local optimizer steps per round (>= 1).
     batch_size: examples per local step sampled with replacement on device, or None for
@@ -247,6 +256,25 @@ class Algorithm:
     hparams: flat dict of the hyperparameters, for summaries.
     model_transform: optional ``FunctionalModel -> FunctionalModel`` applied to the
       task's model before training (FedSR adds its probabilistic representation head).
+    client_optimizer_state: ``'restart'`` (default): the client chain
+      (:meth:`client_chain`, i.e. the components' client stages and ``client_optimizer``)
+      starts from ``init(w_t)`` in every round, as FedAvg's ClientUpdate (McMahan et al.
+      2017, Alg. 1). ``'persistent'``: every pool client's chain state is created once,
+      ``init(w_0)`` at the initial global parameters, kept in the engine's per-client
+      pool ``client_states[CLIENT_OPT_STATE]`` (leading pool axis ``[N, ...]``, gathered
+      for the sampled clients and scattered back after the round, like SCAFFOLD's
+      ``c_i``) and continued in the next round the client is sampled in; its parameters
+      still restart from ``w_t``. So SGD momentum buffers or Adam moments carry across
+      rounds, as in FedSR's official code (each client's optimizer is created once).
+      Recorded in ``hparams`` by the registered factories.
+
+  Raises (on construction):
+    ValueError: ``local_steps < 1``, ``batch_size < 1``, an unknown ``weighting`` or
+      ``client_optimizer_state`` (names the value and the valid ones), ``hparams``
+      recording another ``local_steps`` / ``client_optimizer_state`` than the algorithm
+      runs, repeated or reserved component names, or several components replacing the
+      forward pass / gradient estimator.
+    TypeError: a ``client_stage`` / ``server_stage`` that is not an optax transformation.
   """
   name: str
   client_optimizer: optax.GradientTransformation
@@ -258,6 +286,7 @@ class Algorithm:
   components: tuple = ()
   hparams: dict = dataclasses.field(default_factory=dict)
   model_transform: Optional[Callable] = None
+  client_optimizer_state: str = "restart"
 
   def __post_init__(self):
     if self.local_steps < 1:
@@ -267,13 +296,20 @@ class Algorithm:
                        "(full client batch).")
     if self.weighting not in WEIGHTINGS:
       raise ValueError(f"weighting={self.weighting!r}; choose one of {WEIGHTINGS}.")
-    recorded = self.hparams.get("local_steps", self.local_steps)
-    if recorded != self.local_steps:
-      raise ValueError(
-          f"{self.name}: hparams record local_steps={recorded} but the algorithm runs "
-          f"local_steps={self.local_steps}; build it anew (make_algorithm(name, "
-          f"local_steps={self.local_steps}, ...)) so that the run's summary and components "
-          "built for K (SCAFFOLD's control update divides by K·η_l) agree.")
+    if self.client_optimizer_state not in CLIENT_OPTIMIZER_STATES:
+      raise ValueError(f"client_optimizer_state={self.client_optimizer_state!r}; choose "
+                       f"one of {CLIENT_OPTIMIZER_STATES} ('restart': a fresh client "
+                       "optimizer state every round; 'persistent': each client keeps its "
+                       "own across rounds).")
+    # The run's summary must say what ran (and components built for K, e.g. SCAFFOLD's
+    # control update dividing by K·η_l, must see the K that runs).
+    for knob in ("client_optimizer_state", "local_steps"):
+      runs, recorded = getattr(self, knob), self.hparams.get(knob, getattr(self, knob))
+      if recorded != runs:
+        raise ValueError(
+            f"{self.name}: hparams record {knob}={recorded!r} but the algorithm runs "
+            f"{knob}={runs!r}; build it anew (make_algorithm(name, {knob}={runs!r}, ...)) "
+            "so that the run's summary and the components built for it agree.")
     names = [c.name for c in self.components]
     if len(set(names)) != len(names):
       raise ValueError(f"component names must be unique, got {names}.")
@@ -294,6 +330,10 @@ class Algorithm:
     if "client_optimizer" in names:
       raise ValueError("'client_optimizer' names the client optimizer's element of the "
                        "client chain; give the component another name.")
+    if CLIENT_OPT_STATE in names:
+      raise ValueError(f"{CLIENT_OPT_STATE!r} is the engine's key of the persistent client "
+                       "optimizer state in the per-client pool; give the component another "
+                       "name.")
     if sum(c.forward is not None for c in self.components) > 1:
       raise ValueError("at most one component may replace the forward pass.")
     if sum(c.grad_estimator is not None for c in self.components) > 1:
@@ -302,7 +342,9 @@ class Algorithm:
   def client_chain(self) -> optax.GradientTransformationExtraArgs:
     """One local step's chain: ``optax.named_chain`` of each component's
     ``client_stage`` (component order) and then ``'client_optimizer'``. The engine calls
-    ``update(grads, state, params, ctx=Context)`` with a fresh state every round.
+    ``update(grads, state, params, ctx=Context)`` from a fresh ``init(w_t)`` every round,
+    or, with ``client_optimizer_state='persistent'``, from the client's own state of the
+    last round it took part in (``init(w_0)`` before its first).
 
     Source: issue 14 (a client optimizer chain); FedAvg ClientUpdate (McMahan et al.
     2017, Alg. 1)."""

@@ -33,8 +33,8 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from fedjax_inv.core import losses
-from fedjax_inv.core.algorithm import (HPARAMS, Algorithm, Batch, Context, Forward,
-                                       Objective)
+from fedjax_inv.core.algorithm import (CLIENT_OPT_STATE, HPARAMS, Algorithm, Batch,
+                                       Context, Forward, Objective)
 from fedjax_inv.core import strategy as strategy_lib
 from fedjax_inv.core.aggregator import traced_names, weighted_mean
 from fedjax_inv.core.data import ClientData
@@ -62,7 +62,13 @@ def init_state(algorithm: Algorithm, params: PyTree, num_clients: int):
   """Initial ``(ServerState, client_states)``.
 
   ``client_states`` is ``{component name: pytree with leading pool axis [N, ...]}`` for
-  every component with per-client state (SCAFFOLD's control variates, FedCurv's Fisher).
+  every component with per-client state (SCAFFOLD's control variates, FedCurv's Fisher),
+  plus, when ``algorithm.client_optimizer_state == 'persistent'``,
+  ``{CLIENT_OPT_STATE: algorithm.client_chain().init(params)}`` stacked ``[N, ...]``
+  (every client's optimizer created once at the initial global ``params``, as FedSR's
+  official code does; ``CLIENT_OPT_STATE = '__client_optimizer__'``). Being part of
+  ``client_states``, it is carried by every execution strategy, replica batch and
+  checkpoint like the components' state.
   """
   extras = {c.name: c.init_server(params) for c in algorithm.components
             if c.init_server is not None}
@@ -81,6 +87,10 @@ def init_state(algorithm: Algorithm, params: PyTree, num_clients: int):
       one = c.init_client(params)
       client_states[c.name] = jax.tree.map(
           lambda a: jnp.broadcast_to(a, (num_clients,) + jnp.shape(a)).copy(), one)
+  if algorithm.client_optimizer_state == "persistent":
+    one = algorithm.client_chain().init(params)
+    client_states[CLIENT_OPT_STATE] = jax.tree.map(
+        lambda a: jnp.broadcast_to(a, (num_clients,) + jnp.shape(a)).copy(), one)
   return server, client_states
 
 
@@ -232,14 +242,19 @@ def make_objective(model, kind: str, algorithm: Algorithm) -> Callable:
   return objective
 
 
-def local_train(model, kind: str, algorithm: Algorithm, ctx: Context, x, y, n, key):
+def local_train(model, kind: str, algorithm: Algorithm, ctx: Context, x, y, n, key,
+                opt_state=None):
   """Runs ``local_steps`` client optimizer steps from ``ctx.params`` under ``lax.scan``.
 
   ``x: [n_max, ...]``, ``y: [n_max]``, ``n``: true size. Minibatches: ``batch_size``
   indices per step drawn with replacement from ``[0, n)`` by :func:`batch_indices` (all
   steps at once), or the full client data when ``batch_size`` is None.
-  Returns ``(final params, [K] per-step losses)``. Source: FedAvg (McMahan et al. 2017)
-  ClientUpdate, with the components' gradient estimator / correction hooks.
+  ``opt_state``: the client chain's (``algorithm.client_chain()``) state to start from,
+  one client's (no pool axis; ``client_optimizer_state='persistent'``), or None for a
+  fresh ``init(ctx.params)``.
+  Returns ``(final params, [K] per-step losses, final client-chain state)``. Source:
+  FedAvg (McMahan et al. 2017) ClientUpdate, with the components' gradient estimator /
+  correction hooks.
   """
   objective = make_objective(model, kind, algorithm)
   est = next((c for c in algorithm.components if c.grad_estimator is not None), None)
@@ -283,9 +298,11 @@ def local_train(model, kind: str, algorithm: Algorithm, ctx: Context, x, y, n, k
         i, kl = inp
         return step(carry, (Batch(x=x[i], y=y[i], w=jnp.ones((B,), jnp.float32)), kl))
       xs = (idx, loss_keys)
-  (params, _), step_losses = jax.lax.scan(inner, (ctx.params, opt.init(ctx.params)), xs,
-                                          unroll=strategy_lib.local_unroll(K))
-  return params, step_losses
+  if opt_state is None:
+    opt_state = opt.init(ctx.params)
+  (params, opt_state), step_losses = jax.lax.scan(inner, (ctx.params, opt_state), xs,
+                                                  unroll=strategy_lib.local_unroll(K))
+  return params, step_losses, opt_state
 
 
 def build_round(model, kind: str, algorithm: Algorithm, num_clients: int,
@@ -394,7 +411,8 @@ class RoundParts(NamedTuple):
   :func:`map_reduce`; :class:`LoopRound` compiles them one by one and loops in Python.
 
   ``inp = (i, n, cs, k)``: a sampled client's pool index (int32), its size (int32), its
-  persistent state (no client axis) and its key.
+  persistent state (no client axis: ``{component: state}``, plus ``CLIENT_OPT_STATE``:
+  its client-chain state when ``client_optimizer_state='persistent'``) and its key.
     sample(server, key) -> (idx [C] int32, ckeys [C] keys);
     pre_client(server, data, inp) -> {component: lifted pre-stage message} (None when no
       component has a pre-stage);
@@ -422,6 +440,17 @@ def round_parts(model, kind: str, algorithm: Algorithm, num_clients: int,
   chain = algorithm.server_chain()
   # Components whose server state is their server stage's state (clients see it too).
   chain_held = [c.name for c in comps if c.server_stage is not None and c.init_server is None]
+  persistent = algorithm.client_optimizer_state == "persistent"
+
+  def split_state(cs):
+    """A client's pool state -> (its components' states, its client-chain state or None)."""
+    if (CLIENT_OPT_STATE in cs) != persistent:
+      raise ValueError(
+          f"client_states {'has no' if persistent else 'has a'} {CLIENT_OPT_STATE!r} entry "
+          f"but the algorithm runs client_optimizer_state="
+          f"{algorithm.client_optimizer_state!r}; build the states with "
+          "init_state(algorithm, ...) of this algorithm.")
+    return {k: v for k, v in cs.items() if k != CLIENT_OPT_STATE}, cs.get(CLIENT_OPT_STATE)
 
   def weight_of(n):
     if algorithm.weighting == "uniform":
@@ -443,7 +472,7 @@ def round_parts(model, kind: str, algorithm: Algorithm, num_clients: int,
 
   def pre_client(server, data, inp):
     i, n, cs, k = inp
-    ctx = ctx_of(server, dict(server.extras), cs)
+    ctx = ctx_of(server, dict(server.extras), split_state(cs)[0])
     w = weight_of(n)
     return {c.name: (c.pre_aggregator or mean_agg).lift(
         c.pre_message(model, kind, server.params, (data.x[i], data.y[i], n), ctx,
@@ -459,19 +488,23 @@ def round_parts(model, kind: str, algorithm: Algorithm, num_clients: int,
   def client(server, extras, data, inp):
     i, n, cs, k = inp
     x, y = data.x[i], data.y[i]
-    ctx = ctx_of(server, extras, cs)
+    comp_cs, opt_state = split_state(cs)
+    ctx = ctx_of(server, extras, comp_cs)
     k_train, k_msg = jax.random.split(k)
-    params, step_losses = local_train(model, kind, algorithm, ctx, x, y, n, k_train)
+    params, step_losses, opt_state = local_train(model, kind, algorithm, ctx, x, y, n,
+                                                 k_train, opt_state)
     delta = jax.tree.map(jnp.subtract, server.params, params)
     w = weight_of(n)
     stats = {"__main__": algorithm.aggregator.lift(delta, w),
-             "__loss__": (w * jnp.mean(step_losses), w)}
+             "__loss__": (jnp.where(w > 0, w * jnp.mean(step_losses), 0.0), w)}
     new_cs = dict(cs)
     for c in msg_comps:
       msg, ncs = c.message(model, kind, server.params, params, (x, y, n), ctx, k_msg)
       stats[c.name] = (c.aggregator or mean_agg).lift(msg, w)
       if c.name in cs:
         new_cs[c.name] = ncs
+    if persistent:  # the client keeps its optimizer state for its next round
+      new_cs[CLIENT_OPT_STATE] = opt_state
     return stats, new_cs
 
   def finish(server, extras, sums):
@@ -492,8 +525,8 @@ def round_parts(model, kind: str, algorithm: Algorithm, num_clients: int,
     new_server = ServerState(params=optax.apply_updates(server.params, updates),
                              opt_state=opt_state, round=server.round + 1,
                              extras=dict(extras))
-    loss_sum, wsum = sums["__loss__"]
-    return new_server, {"train_loss": loss_sum / wsum}
+    loss_sum, wsum = sums["__loss__"]  # 0 (not NaN) if no sampled client has weight
+    return new_server, {"train_loss": loss_sum / jnp.where(wsum > 0, wsum, 1.0)}
 
   return RoundParts(sample, pre_client if pre_comps else None, pre_finish, client, finish)
 

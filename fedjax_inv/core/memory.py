@@ -19,7 +19,9 @@ The estimate (bytes, float32 unless the pytrees say otherwise)::
     per-client bytes = params copies      4 · |params|   (local model, gradient,
                                                           optimizer update, delta)
                      + |client opt state| + |lifted aggregator stats|
-                     + 2 · |client state| (gathered in, updated out)
+                     + 2 · |client state| (gathered in, updated out; with
+                                          client_optimizer_state='persistent'
+                                          it includes the client opt state)
                      + |params| per message / pre-message component
                      + 6 · B · |params|  when a component replaces the gradient
                                           estimator (per-sample gradients, FedILC
@@ -209,6 +211,8 @@ def round_memory(model, algorithm, cohort: int, n_max: int, feature_shape: Seque
   stats = _tree_bytes(jax.eval_shape(lambda q: algorithm.aggregator.lift(q, one), params))
   cstate = sum(_tree_bytes(jax.eval_shape(c.init_client, params))
                for c in algorithm.components if c.init_client is not None)
+  if algorithm.client_optimizer_state == "persistent":  # gathered and scattered back too
+    cstate += opt
   extras = sum(_tree_bytes(jax.eval_shape(c.init_server, params))
                for c in algorithm.components if c.init_server is not None)
   n_msgs = sum((c.message is not None) + (c.pre_message is not None)

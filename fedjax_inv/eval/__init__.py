@@ -13,6 +13,35 @@ from fedjax_inv.core.data import ClientData
 from fedjax_inv.core.engine import eval_logits_fn
 
 
+def masked_example_sums(kind: str, logits, labels, weights) -> tuple:
+  """Weighted sums over a block of examples of the per-example loss and correctness.
+
+  Args:
+    kind: ``'binary'``, ``'multiclass'`` or ``'regression'``.
+    logits: ``[B, 1]``/``[B]`` (binary, regression) or ``[B, K]`` (multiclass).
+    labels: ``[B]`` labels or regression targets.
+    weights: ``[B]`` nonnegative weights (the 0/1 mask of real vs padded examples).
+
+  Returns:
+    ``(loss_sum, correct)`` scalars: ``Σ_i w_i ℓ_i`` and ``Σ_i w_i 1[right_i]``
+    (``correct`` is 0 for regression). A row with weight 0 has no influence on either
+    value or on the gradient w.r.t. logits and labels, even when its logits or labels
+    hold inf/NaN (double ``where``: the row is zeroed before the loss, dropped after it).
+  """
+  weights = jnp.asarray(weights)
+  keep = weights > 0
+  logits, labels = losses.mask_rows(logits, keep), losses.mask_rows(labels, keep)
+
+  def wsum(v):
+    wv = v * weights
+    return jnp.sum(jnp.where(keep, wv, jnp.zeros_like(wv)))
+
+  loss_sum = wsum(losses.per_example_loss(kind, logits, labels))
+  if kind == "regression":
+    return loss_sum, jnp.zeros((), loss_sum.dtype)
+  return loss_sum, wsum(losses.per_example_correct(kind, logits, labels))
+
+
 def build_evaluator(model, kind: str, algorithm=None, eval_batch: int = 2048,
                     seed: int = 0) -> Callable:
   """Returns ``evaluate(params, data: ClientData) -> dict`` of per-client numpy arrays.
@@ -23,6 +52,9 @@ def build_evaluator(model, kind: str, algorithm=None, eval_batch: int = 2048,
   blocks of ``eval_batch``, so memory stays bounded for large evaluation sets.
   If an algorithm component defines ``eval_forward`` (FedSR's Monte-Carlo prediction),
   it is used with a fixed evaluation key; otherwise the deterministic model.
+  Padded examples (past ``n[i]``) have no influence on any output, even when their
+  inputs or labels hold inf/NaN: they are zeroed before the forward pass and dropped
+  with ``where`` (:func:`masked_example_sums`).
   """
   losses.check_kind(kind)
   predict = eval_logits_fn(model, algorithm)
@@ -41,13 +73,9 @@ def build_evaluator(model, kind: str, algorithm=None, eval_batch: int = 2048,
       def one_block(args2):
         i, xbb, ybb = args2
         w = ((i * block + jnp.arange(block)) < nc).astype(jnp.float32)
+        xbb = losses.mask_rows(xbb, w > 0)  # padded inputs never reach the model
         logits = predict(params, xbb, jax.random.fold_in(key0, i))
-        l = jnp.sum(losses.per_example_loss(kind, logits, ybb) * w)
-        if kind == "regression":
-          c = jnp.zeros(())
-        else:
-          c = jnp.sum(losses.per_example_correct(kind, logits, ybb) * w)
-        return l, c
+        return masked_example_sums(kind, logits, ybb, w)
 
       ls, cs = jax.lax.map(one_block, (jnp.arange(nb), xb, yb))
       return jnp.sum(ls), jnp.sum(cs)

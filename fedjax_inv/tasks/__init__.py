@@ -11,8 +11,9 @@ Families (each registers its tasks on import; this is the one place that imports
 Data sources and partitioners live in ``fedjax_inv/data/``.
 """
 from fedjax_inv.tasks.base import (KINDS, Task, TaskEntry, _TASKS, check_task,  # noqa: F401
-                                   make_task, register_task, task_registry)
+                                   make_task, register_task, task_registry,
+                                   with_validation)
 from fedjax_inv.tasks import colored_mnist, domainbed, eicu, noniid, rotated, synthetic  # noqa: F401,E402
 
 __all__ = ["KINDS", "Task", "TaskEntry", "check_task", "make_task", "register_task",
-           "task_registry"]
+           "task_registry", "with_validation"]

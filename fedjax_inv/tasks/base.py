@@ -153,6 +153,59 @@ def task_registry() -> dict[str, TaskEntry]:
   return dict(_TASKS)
 
 
+def with_validation(task: Task, fraction: float = 0.1, seed: int = 0) -> Task:
+  """``task`` with a held-out validation split of its training clients.
+
+  Each training client's real examples are shuffled (``numpy`` generator seeded by
+  ``seed``) and split: ``max(1, round(fraction * n_i))`` examples go to validation, the
+  rest stay for training. The validation set is ``task.eval_sets['val']`` with **one
+  client per training client**, so ``val_mean_client_accuracy`` is the mean of per-client
+  (per-domain) validation accuracies: DomainBed's training-domain validation. A task that
+  already has a ``'val'`` set (the domain tasks' 90/10 split) is returned unchanged.
+
+  Args:
+    task: the task; its ``train`` is ``[N, n_max, ...]``.
+    fraction: validation share of each client, in (0, 0.5].
+    seed: seeds the split (use the run's seed: the split is part of the data draw).
+
+  Returns:
+    a new ``Task`` with ``train`` ``[N, n_max', ...]`` (``n_i - v_i`` real rows each),
+    ``eval_sets = {'val': [N, v_max, ...], **task.eval_sets}`` and
+    ``info['validation']`` recording the fraction, seed and sizes.
+
+  Raises:
+    ValueError: ``fraction`` outside (0, 0.5]; a training client with fewer than 2
+      examples (nothing would be left to train on).
+
+  Source: DomainBed (Gulrajani & Lopez-Paz 2021) §4 "training-domain validation set";
+  FedIIR §5 and FedSR §5 hold out 10% of each source domain.
+  """
+  if "val" in task.eval_sets:
+    return task
+  if isinstance(fraction, bool) or not 0.0 < float(fraction) <= 0.5:
+    raise ValueError(f"validation fraction={fraction!r}; use a number in (0, 0.5] "
+                     "(0.1 = DomainBed's 10% of each training client).")
+  import numpy as np
+  from fedjax_inv.core.data import from_client_arrays
+  x, y, n = (np.asarray(a) for a in (task.train.x, task.train.y, task.train.n))
+  rng = np.random.default_rng([int(seed), 0x7A1])
+  xs, ys, vxs, vys = [], [], [], []
+  for i, ni in enumerate(n):
+    if ni < 2:
+      raise ValueError(f"Task {task.name!r}: training client {i} has {int(ni)} example(s);"
+                       " a validation split needs at least 2 per client.")
+    perm = rng.permutation(int(ni))
+    v = max(1, int(round(float(fraction) * int(ni))))
+    vi, ti = np.sort(perm[:v]), np.sort(perm[v:])
+    xs.append(x[i, ti]), ys.append(y[i, ti]), vxs.append(x[i, vi]), vys.append(y[i, vi])
+  info = {**task.info, "validation": {"fraction": float(fraction), "seed": int(seed),
+                                      "train_sizes": [len(a) for a in ys],
+                                      "val_sizes": [len(a) for a in vys]}}
+  return dataclasses.replace(task, train=from_client_arrays(xs, ys),
+                             eval_sets={"val": from_client_arrays(vxs, vys),
+                                        **task.eval_sets}, info=info)
+
+
 def make_task(name: str, **kw) -> Task:
   """Builds task ``name``. Raises ValueError for an unknown name (lists valid ones)."""
   if name not in _TASKS:

@@ -1,0 +1,379 @@
+"""One tuning protocol for every comparison (DomainBed's, Gulrajani & Lopez-Paz 2021 §4).
+
+Every method of a comparison, baselines included, gets **the same number of trials**:
+trial 0 is the method's starting values (the task's / paper's settings), trials
+``1 .. trials-1`` are random points of its registered search space
+(``fedjax_inv.algorithms.hparams``, learning rates included), drawn from ``search_seed``.
+Each trial runs on the **tuning seeds**; the trial with the best mean **validation** score
+(a held-out split of the training clients, :func:`fedjax_inv.tasks.with_validation`;
+never the OOD / test sets) is selected, and only then run on the **report seeds**, which
+must be disjoint from the tuning seeds. Everything is written as raw per-run JSON files,
+so a table can be regenerated from them (:func:`load_row`, :func:`markdown_table`).
+
+Layout of a row folder (``out``)::
+
+    protocol.json                 task, rounds, budget, seeds, selection rule, spaces
+    runs/<algorithm>/tune-<i>-seed<s>.json     one tuning run (point, final, history)
+    runs/<algorithm>/report-seed<s>.json       one reported run of the selected point
+    selected.json                 {algorithm: {trial, point, score}}
+
+A row folder is resumable: a run whose file exists with the same settings is not run
+again (a killed background job picks up where it stopped).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import pathlib
+import platform
+import sys
+import time
+from typing import Optional
+
+import numpy as np
+
+from fedjax_inv import report
+
+SELECTION = {"binary": ("val_mean_client_accuracy", "max"),
+             "multiclass": ("val_mean_client_accuracy", "max"),
+             "regression": ("val_mse", "min")}
+
+
+@dataclasses.dataclass(frozen=True)
+class Protocol:
+  """The tuning budget and seeds of one comparison; the same for every method in it.
+
+  Attributes:
+    trials: trials per method (trial 0 = its starting values, the rest random), >= 1;
+      with 1 nothing is tuned and nothing runs on the tuning seeds.
+    tuning_seeds: seeds the trials run on (data draw, split, init, sampling).
+    report_seeds: seeds of the reported runs; disjoint from ``tuning_seeds``.
+    search_seed: seeds the random points (DomainBed's ``hparams_seed``).
+    val_fraction: validation share of each training client (:func:`with_validation`).
+    exclude: names never searched (they keep the starting value), for every method.
+    space: ``{name: hparams.Range}`` added to / replacing every method's space.
+  """
+  trials: int
+  tuning_seeds: tuple
+  report_seeds: tuple
+  search_seed: int = 0
+  val_fraction: float = 0.1
+  exclude: tuple = ()
+  space: dict = dataclasses.field(default_factory=dict)
+
+  def check(self) -> None:
+    """Raises ValueError naming the bad field and the fix."""
+    if isinstance(self.trials, bool) or not isinstance(self.trials, int) or self.trials < 1:
+      raise ValueError(f"trials={self.trials!r}; use an int >= 1 (the same for every "
+                       "method of the comparison).")
+    for name in ("tuning_seeds", "report_seeds"):
+      seeds = getattr(self, name)
+      if not seeds or any(isinstance(s, bool) or not isinstance(s, int) or s < 0
+                          for s in seeds):
+        raise ValueError(f"{name}={seeds!r}; give a non-empty tuple of ints >= 0.")
+    both = sorted(set(self.tuning_seeds) & set(self.report_seeds))
+    if both:
+      raise ValueError(f"seeds {both} are both tuning and report seeds; selection must not "
+                       "see a reported seed (e.g. tune on 100, 101 and report 0, 1, 2).")
+
+  def describe(self) -> dict:
+    return {"trials": self.trials, "tuning_seeds": list(self.tuning_seeds),
+            "report_seeds": list(self.report_seeds), "search_seed": self.search_seed,
+            "val_fraction": self.val_fraction, "exclude": list(self.exclude),
+            "space": {k: f"{r.describe()} ({r.source})" for k, r in self.space.items()}}
+
+
+def trial_points(algorithm: str, protocol: Protocol, fixed=()) -> list:
+  """The ``protocol.trials`` points of ``algorithm``: ``{}`` (its starting values) then
+  ``trials - 1`` random points of its search space (without ``protocol.exclude`` and
+  ``fixed``). Raises ValueError from :func:`hparams.random_points`."""
+  from fedjax_inv.algorithms import hparams as hp
+  if protocol.trials == 1:
+    return [{}]
+  return [{}] + hp.random_points(algorithm, protocol.trials - 1, protocol.search_seed,
+                                 exclude=tuple(protocol.exclude) + tuple(fixed),
+                                 space=protocol.space)
+
+
+def _score(final: Optional[dict], kind: str) -> float:
+  """Selection score (higher is better); -inf for a diverged run."""
+  key, sense = SELECTION[kind]
+  if final is None:
+    return -math.inf
+  if key not in final and key == "val_mean_client_accuracy":
+    key = "val_accuracy"  # one training client: its validation accuracy
+  v = float(final[key])
+  return v if sense == "max" else -v
+
+
+def _task(name, seed, task_kwargs, val_fraction):
+  from fedjax_inv.tasks import make_task, with_validation
+  return with_validation(make_task(name, seed=seed, **task_kwargs), val_fraction, seed)
+
+
+def _run_one(path: pathlib.Path, key: dict, task, algorithm: str, settings: dict,
+             run_kw: dict, label: Optional[str] = None) -> dict:
+  """Runs (or reloads, when ``path`` holds the same ``key``) one run; writes it atomically."""
+  key = json.loads(json.dumps(key, default=str))  # as it reads back from the file
+  if path.is_file():
+    rec = json.loads(path.read_text())
+    if rec.get("key") == key:
+      return rec
+  from fedjax_inv.algorithms import make_algorithm
+  from fedjax_inv.simulation import DivergedError, run
+  alg = make_algorithm(algorithm, **task.algorithm_settings(algorithm, settings))
+  rec = {"key": key, "algorithm": label or algorithm, "registry_name": algorithm,
+         "hparams": alg.hparams}
+  try:
+    res = run(task, alg, seed=key["seed"], **run_kw)
+    rec.update(status="ok", final=res.final, history=res.history,
+               seconds=round(res.seconds, 2), execution=res.strategy, **res.report())
+  except DivergedError as e:
+    rec.update(status="diverged", diverged_round=e.round, final=None, history=e.history)
+  report.write_json(path, rec)
+  return rec
+
+
+def tune_row(out, *, task: str, algorithms, rounds: int, protocol: Protocol,
+             base: Optional[dict] = None, fixed: Optional[dict] = None,
+             task_kwargs: Optional[dict] = None, eval_every: Optional[int] = None,
+             clients_per_round: Optional[int] = None, paper: Optional[dict] = None,
+             notes: str = "", report_start: bool = True,
+             extra_space: Optional[dict] = None, stream=None) -> dict:
+  """Tunes every algorithm of one comparison under ``protocol`` and runs the selected
+  points on the report seeds; writes the row folder ``out`` (module docstring).
+
+  Args:
+    out: the row folder; new, empty, or one this function wrote before (resumed).
+    task: task name (``fedjax-inv list``); built per seed with ``make_task(seed=s,
+      **task_kwargs)`` plus a validation split (:func:`with_validation`).
+    algorithms: names (``fedjax-inv list``), or ``{label: name}`` for a column that is a
+      registered algorithm with other settings (``{'fedgma_fedprox': 'fedgma'}`` with
+      ``fixed={'fedgma_fedprox': {'base': 'fedprox'}}``).
+    rounds: rounds of every run.
+    protocol: the :class:`Protocol` (budget, seeds), the same for every algorithm.
+    base: ``{algorithm: {name: value}}`` starting values (trial 0; the random trials
+      override the names they search); ``'*'`` applies to every algorithm.
+    fixed: ``{algorithm: {name: value}}`` values never searched (``'*'``: every
+      algorithm): part of the row's definition (e.g. the model's local steps).
+    task_kwargs: extra ``make_task`` keywords.
+    eval_every, clients_per_round: as ``simulation.run`` (reporting = the task's
+      paper protocol).
+    paper: the paper's numbers for the table, stored in ``protocol.json``.
+    notes: free text stored in ``protocol.json``.
+    extra_space: ``{label: {name: Range}}`` added to one column's space (FedGMA on
+      FedProx also searches FedProx's μ).
+    report_start: also run trial 0 (the starting values: the paper's settings, tuned by
+      nobody here) on the report seeds when another trial was selected, so a table can
+      show both (``runs/<algorithm>/report-starting-seed<s>.json``).
+
+  Returns:
+    :func:`load_row` of ``out``.
+
+  Raises:
+    ValueError: a bad protocol (overlapping seeds, trials < 1), an unknown algorithm or
+      task, or ``out`` a non-empty folder that this function did not write; nothing is run
+      then.
+  """
+  from fedjax_inv.algorithms import hparams as hp
+  stream = stream or sys.stdout
+  protocol.check()
+  if isinstance(algorithms, str):
+    algorithms = [a.strip() for a in algorithms.split(",")]
+  names = dict(algorithms) if isinstance(algorithms, dict) else {a: a for a in algorithms}
+  algos = list(names)
+  task_kwargs = dict(task_kwargs or {})
+  pick = lambda d, a: {**(d or {}).get("*", {}), **(d or {}).get(a, {})}  # noqa: E731
+  own = {a: dataclasses.replace(protocol, space={**protocol.space,
+                                                 **(extra_space or {}).get(a, {})})
+         for a in algos}
+  points = {a: trial_points(names[a], own[a], fixed=pick(fixed, a)) for a in algos}
+  spaces = {a: {k: f"{r.describe()} ({r.source})"
+                for k, r in {**hp.search_space(names[a]), **own[a].space}.items()
+                if k not in set(protocol.exclude) | set(pick(fixed, a))} for a in algos}
+  out = pathlib.Path(out)
+  if out.exists() and any(out.iterdir()) and not (out / report.MARKER).exists():
+    raise ValueError(f"{str(out)!r} is a non-empty folder that fedjax-inv did not write; "
+                     "choose a new or empty folder (nothing was changed).")
+  first = _task(task, protocol.tuning_seeds[0], task_kwargs, protocol.val_fraction)
+  for a in algos:  # every setting builds (bad names / values fail here, before any run)
+    from fedjax_inv.algorithms import make_algorithm
+    for p in points[a]:
+      make_algorithm(names[a], **first.algorithm_settings(
+          names[a], {**pick(base, a), **pick(fixed, a), **p}))
+  kind = first.kind
+  sel_key, sense = SELECTION[kind]
+  out.mkdir(parents=True, exist_ok=True)
+  (out / report.MARKER).write_text("written by fedjax-inv tuning\n")
+  report.write_json(out / "protocol.json", {
+      "task": task, "task_kwargs": task_kwargs, "algorithms": algos,
+      "registry_names": names, "rounds": rounds,
+      "eval_every": eval_every, "clients_per_round": clients_per_round,
+      "protocol": protocol.describe(), "kind": kind,
+      "selection": f"{sense} {sel_key} at the final round, mean over the tuning seeds "
+                   "(held-out split of the training clients; never the OOD/test sets)",
+      "base": {a: pick(base, a) for a in algos}, "fixed": {a: pick(fixed, a) for a in algos},
+      "points": points, "spaces": spaces, "paper": paper or {}, "notes": notes,
+      "machine": {"platform": platform.platform(), "processor": platform.processor(),
+                  "python": platform.python_version()},
+      "command": " ".join(sys.argv)})
+  run_kw = dict(rounds=rounds, eval_every=eval_every, clients_per_round=clients_per_round,
+                progress=False)
+  tasks = {protocol.tuning_seeds[0]: first}
+
+  def task_for(s):
+    if s not in tasks:
+      tasks[s] = _task(task, s, task_kwargs, protocol.val_fraction)
+    return tasks[s]
+  selected = {}
+  for a in algos:
+    scores = []
+    for i, p in enumerate(points[a] if protocol.trials > 1 else []):
+      settings = {**pick(base, a), **pick(fixed, a), **p}
+      per_seed = []
+      for s in protocol.tuning_seeds:
+        t0 = time.perf_counter()
+        rec = _run_one(out / "runs" / a / f"tune-{i:02d}-seed{s}.json",
+                       {"trial": i, "point": p, "seed": s, "settings": settings,
+                        "rounds": rounds}, task_for(s), names[a], settings, run_kw, a)
+        per_seed.append(_score(rec["final"], kind))
+        print(f"  {a:16s} trial {i:2d} seed {s}: {sel_key}="
+              f"{'diverged' if rec['final'] is None else round(rec['final'].get(sel_key, rec['final'].get('val_accuracy', float('nan'))), 4)}"
+              f" {json.dumps(p)} ({time.perf_counter() - t0:.0f}s)", file=stream, flush=True)
+      scores.append(float(np.mean(per_seed)))
+    if scores:
+      best = int(np.argmax(scores))  # ties: the lowest trial index
+      selected[a] = {"trial": best, "point": points[a][best],
+                     "score": scores[best] if sense == "max" else -scores[best],
+                     "scores": [s if sense == "max" else -s for s in scores]}
+    else:  # one trial: nothing to select, so nothing runs on the tuning seeds
+      best = 0
+      selected[a] = {"trial": 0, "point": {}, "score": None, "scores": []}
+    report.write_json(out / "selected.json", selected)
+    reported = [("", best)] + ([("starting-", 0)] if report_start and best != 0 else [])
+    for prefix, trial in reported:
+      settings = {**pick(base, a), **pick(fixed, a), **points[a][trial]}
+      for s in protocol.report_seeds:
+        t0 = time.perf_counter()
+        rec = _run_one(out / "runs" / a / f"report-{prefix}seed{s}.json",
+                       {"trial": trial, "point": points[a][trial], "seed": s,
+                        "settings": settings, "rounds": rounds}, task_for(s), names[a],
+                       settings, run_kw, a)
+        print(f"  {a:16s} report {prefix}seed {s}: " + (
+            "diverged" if rec["final"] is None else " ".join(
+                f"{k}={v:.4f}" for k, v in rec["final"].items()
+                if k.endswith(("_accuracy", "_mse")) and "client" not in k))
+            + f" ({time.perf_counter() - t0:.0f}s)", file=stream, flush=True)
+  return load_row(out)
+
+
+def load_row(out) -> dict:
+  """A row folder as ``{'protocol': ..., 'selected': ..., 'report': {algorithm: [run
+  records of the selected trial, in report-seed order]}, 'starting': {algorithm: [the
+  same for trial 0, the starting values]}, 'tune': {algorithm: [records]}}``.
+
+  Raises:
+    FileNotFoundError: ``out`` has no ``protocol.json`` / ``selected.json``.
+  """
+  out = pathlib.Path(out)
+  proto = json.loads((out / "protocol.json").read_text())
+  selected = json.loads((out / "selected.json").read_text())
+  rep, start, tune = {}, {}, {}
+  for a in proto["algorithms"]:
+    d = out / "runs" / a
+    seeds = proto["protocol"]["report_seeds"]
+    rep[a] = [json.loads((d / f"report-seed{s}.json").read_text()) for s in seeds
+              if (d / f"report-seed{s}.json").is_file()]
+    start[a] = rep[a] if selected.get(a, {}).get("trial") == 0 else [
+        json.loads((d / f"report-starting-seed{s}.json").read_text()) for s in seeds
+        if (d / f"report-starting-seed{s}.json").is_file()]
+    tune[a] = [json.loads(f.read_text()) for f in sorted(d.glob("tune-*.json"))]
+  return {"protocol": proto, "selected": selected, "report": rep, "starting": start,
+          "tune": tune}
+
+
+def mean_std(values, ddof: int = 1) -> tuple:
+  """``(mean, std)`` of finite ``values`` (sample std, ``ddof=1``, by default; 0 for one
+  value). Returns ``(nan, nan)`` for no values."""
+  v = np.asarray([x for x in values if x is not None and np.isfinite(x)], np.float64)
+  if v.size == 0:
+    return math.nan, math.nan
+  return float(v.mean()), float(v.std(ddof=ddof)) if v.size > ddof else 0.0
+
+
+def metric_values(runs: list, metric: str) -> list:
+  """The ``metric`` of each run: a key of ``final``, or ``'last_k_mean:<key>'`` /
+  ``'selected:<rule>:<key>'`` for the paper-protocol records; None for a diverged run."""
+  out = []
+  for r in runs:
+    if r.get("final") is None:
+      out.append(None)
+    elif metric.startswith("last_k_mean:"):
+      out.append(r["last_k_mean"][metric.split(":", 1)[1]])
+    elif metric.startswith("selected:"):
+      rule, key = metric.split(":", 1)[1].rsplit(":", 1)  # a rule may hold a colon
+      out.append(r["selected"][rule][key])
+    else:
+      out.append(r["final"][metric])
+  return out
+
+
+def markdown_table(row: dict, metrics: dict, *, digits: int = 3, scale: float = 1.0,
+                   ddof: int = 1, show: Optional[list] = None,
+                   variants=("report",)) -> str:
+  """Paper-vs-ours markdown table of a row (:func:`load_row`).
+
+  Args:
+    metrics: ``{column title: metric}`` (see :func:`metric_values`); the paper's value
+      is ``protocol['paper'][algorithm][column title]`` when present.
+    scale: multiplies our values (100 for percent).
+    ddof: of the ± (1 = sample std, as the README states).
+    show: the hyperparameter names to print for each point (default: the searched ones).
+    variants: which reported runs, one table row each: ``'report'`` (the trial selected
+      on validation) and/or ``'starting'`` (trial 0, the starting values).
+  """
+  proto = row["protocol"]
+  paper = proto.get("paper", {})
+  head = ["algorithm", "hyperparameters (trial)"]
+  for title in metrics:
+    head += [f"{title} (paper)", f"{title} (ours)"]
+  lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+  label = {"report": "selected on validation", "starting": "starting values"}
+  for a in proto["algorithms"]:
+    for var in variants:
+      runs = row[var][a]
+      trial = row["selected"][a]["trial"] if var == "report" else 0
+      names = show if show is not None else list(proto["spaces"][a])
+      hp = runs[0]["hparams"] if runs else {}
+      cells = [a if len(variants) == 1 else f"{a}, {label[var]}",
+               ", ".join(f"{k}={_fmt(hp[k])}" for k in names if k in hp) + f" ({trial})"]
+      for title, metric in metrics.items():
+        pv = paper.get(a, {}).get(title)
+        cells.append("–" if pv is None else str(pv))
+        vals = metric_values(runs, metric)
+        m, sd = mean_std([None if v is None else v * scale for v in vals], ddof)
+        bad = sum(v is None for v in vals)
+        cells.append("not run" if not vals else f"{m:.{digits}f} ± {sd:.{digits}f}"
+                     + (f" ({bad} diverged)" if bad else ""))
+      lines.append("| " + " | ".join(cells) + " |")
+  return "\n".join(lines)
+
+
+def _fmt(v) -> str:
+  if isinstance(v, float):
+    return f"{v:.3g}"
+  return str(v)
+
+
+def per_seed_table(row: dict, metric: str, digits: int = 3, scale: float = 1.0,
+                   variant: str = "report") -> str:
+  """``| algorithm | seed s ... |`` of one metric: the raw numbers behind a table."""
+  seeds = row["protocol"]["protocol"]["report_seeds"]
+  lines = ["| algorithm | " + " | ".join(f"seed {s}" for s in seeds) + " |",
+           "|---|" + "---|" * len(seeds)]
+  for a in row["protocol"]["algorithms"]:
+    vals = metric_values(row[variant][a], metric)
+    lines.append(f"| {a} | " + " | ".join("diverged" if v is None else
+                                          f"{v * scale:.{digits}f}" for v in vals) + " |")
+  return "\n".join(lines)
