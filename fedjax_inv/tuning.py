@@ -197,8 +197,8 @@ def tune_row(out, *, task: str, algorithms, rounds: int, protocol: Protocol,
     raise ValueError(f"{str(out)!r} is a non-empty folder that fedjax-inv did not write; "
                      "choose a new or empty folder (nothing was changed).")
   first = _task(task, protocol.tuning_seeds[0], task_kwargs, protocol.val_fraction)
+  from fedjax_inv.algorithms import make_algorithm
   for a in algos:  # every setting builds (bad names / values fail here, before any run)
-    from fedjax_inv.algorithms import make_algorithm
     for p in points[a]:
       make_algorithm(names[a], **first.algorithm_settings(
           names[a], {**pick(base, a), **pick(fixed, a), **p}))
