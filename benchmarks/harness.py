@@ -12,7 +12,8 @@ the harness times:
   ``vmap``, ``scan``, ``chunked`` and ``sharded`` (``vmap`` over a ``clients`` mesh, only
   when several devices exist);
 * optionally the peers (``--peers``): FedJAX 0.0.17, DrJAX and PyTorch in their own
-  environment (``benchmarks/peers/``), merged by workload and ``C``.
+  environment (``benchmarks/peers/setup.sh``), and pfl-research 0.6.0 (PyTorch backend, MLP
+  and ConvNet) in another (``benchmarks/peers/setup_pfl.sh``), merged by workload and ``C``.
 
 Reported per row: steady-state round time (median after warm-up, min–max), client
 updates per second (``C / median``), compile time, ``ratio_vs_loop`` (loop median / row
@@ -616,29 +617,33 @@ def run_config(workload: Workload, C: int, impls: list[str], *, warmup: int, rou
 
 
 def run_peers(python: str, clients: list[int], warmup: int, rounds: int,
-              timeout_s: float, log=print) -> tuple[list[dict], list[str]]:
-  """Runs ``benchmarks/peers/bench_peers.py`` with the peers' interpreter; returns
-  ``(rows, notes)``. Never raises for a missing or failing peer: the notes say why."""
-  script = PEERS_DIR / "bench_peers.py"
+              timeout_s: float, log=print, *, script: str = "bench_peers.py",
+              extra_args: tuple = (), setup: str = "setup.sh") -> tuple[list[dict], list[str]]:
+  """Runs a peer script of ``benchmarks/peers/`` (``bench_peers.py``: FedJAX, DrJAX,
+  PyTorch; ``bench_pfl.py``: pfl-research) with its environment's interpreter; returns
+  ``(rows, notes)``. Never raises for a missing or failing peer: the notes say why
+  (``setup`` names the script that makes the environment)."""
+  label = pathlib.Path(script).stem
+  script = PEERS_DIR / script
   if not script.is_file():
-    return [], [f"peers: {script} not found (run from a source checkout)."]
+    return [], [f"{label}: {script} not found (run from a source checkout)."]
   if not pathlib.Path(python).exists():
-    return [], [f"peers: interpreter {python} not found; run "
-                "`bash benchmarks/peers/setup.sh` first."]
+    return [], [f"{label}: interpreter {python} not found; run "
+                f"`bash benchmarks/peers/{setup}` first."]
   cmd = [python, str(script), "--clients", ",".join(map(str, clients)), "--warmup",
-         str(warmup), "--rounds", str(rounds), "--json", "-"]
-  log("  peers: " + " ".join(cmd))
+         str(warmup), "--rounds", str(rounds), "--json", "-", *extra_args]
+  log(f"  {label}: " + " ".join(cmd))
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
   try:
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
   except subprocess.TimeoutExpired:
-    return [], [f"peers: timed out after {timeout_s:.0f} s."]
+    return [], [f"{label}: timed out after {timeout_s:.0f} s."]
   if out.returncode != 0:
-    return [], [f"peers: exit {out.returncode}: {out.stderr.strip()[-800:]}"]
+    return [], [f"{label}: exit {out.returncode}: {out.stderr.strip()[-800:]}"]
   try:
     payload = json.loads(out.stdout)
   except json.JSONDecodeError as e:
-    return [], [f"peers: unreadable output ({e}): {out.stdout[-300:]}"]
+    return [], [f"{label}: unreadable output ({e}): {out.stdout[-300:]}"]
   return payload.get("rows", []), payload.get("notes", [])
 
 
@@ -768,7 +773,7 @@ def _fmt(v, spec="{:.3g}", none="-"):
 
 def format_table(rows: list[dict]) -> str:
   """A fixed-width text table of the rows (one line each, notes below)."""
-  head = (f"{'workload':22s} {'C':>6s} {'impl':18s} {'strategy':8s} "
+  head = (f"{'workload':22s} {'C':>6s} {'impl':34s} {'strategy':8s} "
           f"{'round s (min-max)':>24s}"
           f" {'upd/s':>8s} {'ratio':>6s} {'compile':>7s} {'GFLOP/s':>7s} {'%peak':>5s}"
           f" {'est MB':>7s} {'XLA MB':>7s} {'RSSΔ MB':>7s}")
@@ -782,7 +787,7 @@ def format_table(rows: list[dict]) -> str:
     xla = (r.get("xla_temp_mb") or 0) + (r.get("xla_out_mb") or 0) \
         if r.get("xla_temp_mb") is not None else None
     lines.append(
-        f"{r['workload']:22s} {r['clients']:>6d} {r['impl'][:18]:18s} "
+        f"{r['workload']:22s} {r['clients']:>6d} {r['impl'][:34]:34s} "
         f"{str(r.get('strategy') or '-')[:8]:8s} {t:>24s} "
         f"{_fmt(r.get('client_updates_per_s'), '{:.0f}'):>8s} "
         f"{_fmt(r.get('ratio_vs_loop'), '{:.2f}'):>6s} "
@@ -798,7 +803,8 @@ def format_table(rows: list[dict]) -> str:
 def summarize(rows: list[dict]) -> dict:
   """The issue's targets, computed from the rows (None / empty where a row is missing):
   ``auto_vs_loop_at_1000`` (target >= 1.7), ``auto_vs_loop_min`` over C (>= 1.0),
-  ``auto_vs_torch_loop`` per C against the fastest PyTorch row (>= 3),
+  ``auto_vs_torch_loop`` per C against the fastest PyTorch row (>= 3), ``auto_vs_pfl``
+  per workload and C against pfl-research's fastest layout (issues 23, 30),
   ``fishr_inter_geo_vs_fedavg`` per C (<= 1.3; FedAvg runs 5 local steps of 32 examples,
   fishr_inter_geo one full-batch step) and ``fishr_inter_geo_vs_fedsgd`` (the same local
   work as fishr_inter_geo)."""
@@ -815,6 +821,15 @@ def summarize(rows: list[dict]) -> dict:
           and r.get("round_s")]
     if ts and auto.get(C):
       torch[C] = min(ts) / auto[C]["round_s"]  # against the fastest PyTorch setting
+  pfl = {}
+  for w in ("mlp_fedavg", "cnn_fedavg"):
+    for C in Cs:
+      ps = [r["round_s"] for r in rows if r["workload"] == w and r["clients"] == C
+            and r.get("source") == "peer" and r["impl"].startswith("pfl")
+            and r.get("round_s")]
+      a = get(w, "auto", C)
+      if ps and a:
+        pfl.setdefault(w, {})[C] = min(ps) / a["round_s"]  # against pfl's fastest layout
   fishr, fishr_sgd = {}, {}
   for C in Cs:
     f, a, g = (get("mlp_fishr_inter_geo", "auto", C), auto.get(C),
@@ -825,10 +840,11 @@ def summarize(rows: list[dict]) -> dict:
       fishr_sgd[C] = f["round_s"] / g["round_s"]
   return dict(auto_vs_loop_at_1000=ratios.get(1000),
               auto_vs_loop_min=min(ratios.values()) if ratios else None,
-              auto_vs_loop=ratios, auto_vs_torch_loop=torch,
+              auto_vs_loop=ratios, auto_vs_torch_loop=torch, auto_vs_pfl=pfl,
               fishr_inter_geo_vs_fedavg=fishr, fishr_inter_geo_vs_fedsgd=fishr_sgd,
               targets=dict(auto_vs_loop_at_1000=">= 1.7", auto_vs_loop_min=">= 1.0",
-                           auto_vs_torch_loop=">= 3", fishr_inter_geo_vs_fedavg="<= 1.3"))
+                           auto_vs_torch_loop=">= 3", fishr_inter_geo_vs_fedavg="<= 1.3",
+                           auto_vs_pfl="mlp >= 3 at C >= 100; cnn >= 1.2 at C = 100, 1000"))
 
 
 def plot_throughput(rows: list[dict], path: str, workload: str = "mlp_fedavg") -> None:
@@ -865,8 +881,10 @@ def plot_throughput(rows: list[dict], path: str, workload: str = "mlp_fedavg") -
 
 
 def machine_info() -> dict:
-  """CPU model and core count (``lscpu``), platform, JAX version and devices."""
+  """CPU model and core count (``lscpu``), platform, JAX version and devices, and the XLA
+  flags in effect (``cpu_flags``: what ``fedjax_inv.xla_cpu`` added)."""
   import jax
+  from fedjax_inv import xla_cpu
   model = platform.processor() or "unknown"
   try:
     out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
@@ -882,7 +900,8 @@ def machine_info() -> dict:
   return dict(cpu=model, cores=os.cpu_count(), platform=platform.platform(),
               python=platform.python_version(), jax=jax.__version__,
               backend=jax.default_backend(), devices=jax.device_count(),
-              device_kind=jax.devices()[0].device_kind, loadavg_start=load)
+              device_kind=jax.devices()[0].device_kind, loadavg_start=load,
+              cpu_flags=xla_cpu.status())
 
 
 # ---------------------------------------------------------------------------------------
@@ -937,10 +956,14 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
   p.add_argument("--json", metavar="FILE", help="write rows + meta as JSON ('-' = stdout)")
   p.add_argument("--plot", metavar="PNG", help="plot client updates/s vs C (mlp_fedavg)")
   p.add_argument("--peers", action="store_true",
-                 help="also run benchmarks/peers/bench_peers.py (FedJAX, DrJAX, PyTorch) "
+                 help="also run benchmarks/peers/bench_peers.py (FedJAX, DrJAX, PyTorch) and "
+                      "bench_pfl.py (pfl-research, MLP and ConvNet) "
                       "in its own environment and merge the rows")
   p.add_argument("--peers-python", default=str(PEERS_DIR / ".venv" / "bin" / "python"),
                  help="interpreter of the peers' environment (benchmarks/peers/setup.sh)")
+  p.add_argument("--pfl-python", default=str(PEERS_DIR / ".venv-pfl" / "bin" / "python"),
+                 help="interpreter of pfl-research's environment "
+                      "(benchmarks/peers/setup_pfl.sh); used with --peers")
   p.add_argument("--host-devices", type=int, default=None,
                  help="CPU only: split the host into N XLA devices (sets XLA_FLAGS before "
                       "JAX starts) so the 'sharded' row runs")
@@ -997,13 +1020,8 @@ def _write_json(path: str | None, payload: dict) -> None:
 
 def _backends_started() -> bool:
   """Whether JAX has created its backends (after which XLA_FLAGS has no effect)."""
-  if "jax" not in sys.modules:
-    return False
-  try:
-    from jax._src import xla_bridge
-    return bool(xla_bridge.backends_are_initialized())
-  except (ImportError, AttributeError):  # private API moved: assume the worst
-    return True
+  from fedjax_inv import xla_cpu
+  return xla_cpu.backends_started()
 
 
 def cmd_bench(args) -> int:
@@ -1074,6 +1092,17 @@ def cmd_bench(args) -> int:
                              cfg["rounds"], timeout_s=1800, log=log)
     rows = merge_peers(rows, prow)
     notes += pnotes
+    # pfl-research (its own environment): the MLP and the ConvNet at this run's C values.
+    for model, workload in (("mlp", "mlp_fedavg"), ("cnn", "cnn_fedavg")):
+      cs = sorted({r["clients"] for r in rows
+                   if r["workload"] == workload and r.get("source") != "peer"})
+      if not cs:
+        continue
+      prow, pnotes = run_peers(args.pfl_python, cs, cfg["warmup"], cfg["rounds"],
+                               timeout_s=3600, log=log, script="bench_pfl.py",
+                               extra_args=("--models", model), setup="setup_pfl.sh")
+      rows = merge_peers(rows, prow)
+      notes += pnotes
   try:
     meta["loadavg_end"] = os.getloadavg()
   except OSError:

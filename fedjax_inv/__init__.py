@@ -18,6 +18,10 @@ chain, e.g. SCAFFOLD's gradient correction / control update), ``Objective`` (wha
 """
 __version__ = "0.1.0"
 
+from fedjax_inv import xla_cpu as _xla_cpu  # noqa: E402
+
+_xla_cpu.apply()  # before anything starts JAX's backends (fedjax_inv/xla_cpu.py)
+
 from fedjax_inv import models  # noqa: F401,E402
 from fedjax_inv.algorithms import make_algorithm, registry as algorithm_registry  # noqa: F401,E402
 from fedjax_inv.algorithms.base import build, register  # noqa: F401,E402

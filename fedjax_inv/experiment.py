@@ -30,7 +30,7 @@ import time
 
 import jax
 
-from fedjax_inv import report
+from fedjax_inv import report, xla_cpu
 
 
 def _final_metrics(task) -> list[str]:
@@ -531,7 +531,7 @@ def run_experiment(cfg: dict, progress: bool = True, overrides=None,
                                  if not any(r["algorithm"] == a and r["seed"] == s
                                             for r in runs)]
   summary["jax"] = {"version": jax.__version__, "backend": jax.default_backend(),
-                    "devices": jax.device_count()}
+                    "devices": jax.device_count(), "cpu_flags": xla_cpu.status()}
   summary["command"] = " ".join(sys.argv)
   summary["provenance"] = provenance()
   summary["config"] = resolved

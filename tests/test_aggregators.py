@@ -329,3 +329,133 @@ def test_weighted_mean_unchanged():
   np.testing.assert_allclose(
       got, np.average(np.asarray(UPDATES), axis=0, weights=[1, 2, 3, 4]), rtol=1e-6)
   assert agg.Aggregator._fields == ("lift", "finalize", "name")
+
+
+# ---------------------------------------------------------------------------------------
+# dtypes, negative axes and the top of the float range (mutation testing, tests/README.md)
+# ---------------------------------------------------------------------------------------
+
+
+def test_weighted_geometric_mean_keeps_the_leafs_float_dtype():
+  """float16 in → float16 out (computed in float32); integer in → float32 out."""
+  x = jnp.asarray([[1.0, 4.0], [4.0, 1.0]], jnp.float16)
+  out = weighted_geometric_mean(x)
+  assert out.dtype == jnp.float16
+  np.testing.assert_allclose(np.asarray(out, np.float32), [2.0, 2.0], rtol=1e-3)
+  out = weighted_geometric_mean(jnp.asarray([[1, 4], [4, 1]], jnp.int32))
+  assert out.dtype == jnp.float32
+  np.testing.assert_allclose(np.asarray(out), [2.0, 2.0], rtol=1e-6)
+
+
+def test_client_axis_may_be_given_as_minus_ndim():
+  """``axis=-x.ndim`` is the first axis (in range), for the geometric mean and the masks."""
+  x = jnp.asarray(np.random.default_rng(0).normal(size=(3, 4)).astype(np.float32))
+  chex.assert_trees_all_close(weighted_geometric_mean(x, axis=-2),
+                              weighted_geometric_mean(x, axis=0), rtol=0, atol=0)
+  chex.assert_trees_all_close(gma_mask(x, 0.5, axis=-2), gma_mask(x, 0.5, axis=0),
+                              rtol=0, atol=0)
+  with pytest.raises(ValueError, match="axis=-3 is out of range"):
+    weighted_geometric_mean(x, axis=-3)
+
+
+def test_geometric_mean_at_the_top_of_the_float_range_is_finite():
+  """Every client at float32's max: exp(mean log) must not round up to inf (clamped)."""
+  big = float(np.finfo(np.float32).max)
+  out = weighted_geometric_mean(jnp.full((3, 2), big, jnp.float32))
+  assert np.all(np.isfinite(np.asarray(out))), out
+  np.testing.assert_allclose(np.asarray(out), big, rtol=1e-6)
+  out = weighted_geometric_mean(jnp.full((3, 2), -big, jnp.float32))
+  np.testing.assert_allclose(np.asarray(out), -big, rtol=1e-6)
+
+
+def test_traced_names_lists_what_a_sweep_may_trace():
+  """``core.aggregator.traced_names``: the masking aggregator's finalize reads ``tau``
+  (sweep.py batches a tau sweep through it); the weighted mean traces nothing."""
+  from fedjax_inv.aggregators import masking_aggregator
+  from fedjax_inv.core.aggregator import traced_names
+  assert traced_names(masking_aggregator(weighted_mean(), 0.5)) == ("tau",)
+  assert traced_names(weighted_mean()) == ()
+
+
+def test_outer_product_geo_stats_rejects_a_wrong_rank_on_either_side():
+  from fedjax_inv.aggregators import outer_product_geo_stats
+  a2, d2, m = jnp.ones((4, 3)), jnp.ones((4, 2)), jnp.ones(4)
+  for a, d in ((jnp.ones((4, 3, 1)), d2), (a2, jnp.ones((4, 2, 1))), (jnp.ones(4), d2)):
+    with pytest.raises(ValueError, match=r"expected \[B, m\], \[B, n\], \[B\]"):
+      outer_product_geo_stats(a, d, m)
+
+
+def test_outer_product_geo_stats_computes_in_float32_for_half_inputs():
+  """float16 factors are promoted before the logs and matmuls: the statistics equal the
+  float32 computation on the same (float16-representable) values."""
+  from fedjax_inv.aggregators import outer_product_geo_stats
+  rng = np.random.default_rng(3)
+  a = jnp.asarray(rng.normal(size=(16, 5)), jnp.float16)
+  d = jnp.asarray(rng.normal(size=(16, 4)) * 1e-2, jnp.float16)
+  m = jnp.asarray((rng.random(16) > 0.2).astype(np.float32))
+  half = outer_product_geo_stats(a, d, m)
+  full = outer_product_geo_stats(a.astype(jnp.float32), d.astype(jnp.float32), m)
+  for h in half:
+    assert h.dtype == jnp.float32
+  chex.assert_trees_all_close(half, full, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("zeros", ["both", "negative"])
+def test_outer_product_geo_stats_with_exact_zeros_equals_the_per_example_path(zeros):
+  """Per-example products a_i ⊗ d_i with exact zeros (and -0.0) in both factors: the
+  closed form's counts and log sums equal ``summed_geo_stats`` of the explicit products,
+  for both zero conventions (the sign sets and the zero counts are where they differ)."""
+  from fedjax_inv.aggregators import outer_product_geo_stats, summed_geo_stats
+  rng = np.random.default_rng(7)
+  a = rng.normal(size=(12, 4)).astype(np.float32)
+  d = rng.normal(size=(12, 3)).astype(np.float32)
+  a[rng.random(a.shape) < 0.3] = 0.0
+  d[rng.random(d.shape) < 0.3] = -0.0
+  a[0, :], d[1, :] = 0.0, 0.0  # whole rows of zeros too
+  mask = jnp.asarray((rng.random(12) > 0.25).astype(np.float32))
+  closed = outer_product_geo_stats(jnp.asarray(a), jnp.asarray(d), mask, zeros=zeros)
+  explicit = summed_geo_stats(jnp.asarray(a[:, :, None] * d[:, None, :]), mask, zeros=zeros)
+  chex.assert_trees_all_close(closed, explicit, rtol=2e-6, atol=2e-5)
+  assert float(jnp.sum(explicit.zero_neg)) > 0  # the zero entries are really exercised
+
+
+def test_and_mask_rescale_divides_by_epsilon_plus_the_mean():
+  """Parascandolo et al.'s rescale: m / (1e-10 + mean(m)); with 1 of 10^6 entries kept
+  the 1e-10 is 1e-4 of the mean, so the constant itself is checked."""
+  from fedjax_inv.aggregators import agreement_mask
+  a = jnp.zeros(10**6).at[3].set(1.0)
+  m = agreement_mask(a, 0.5, "and_mask", rescale=True)
+  np.testing.assert_allclose(float(m[3]), 1.0 / (1e-10 + 1e-6), rtol=1e-6)
+  assert float(jnp.max(jnp.abs(m.at[3].set(0.0)))) == 0.0
+
+
+def test_aggregator_names_and_defaults():
+  """Names recorded in results, and the defaults of the masking constructors: rule 'gma'
+  (a disagreeing coordinate keeps its agreement A, not 0) and no rescale."""
+  from fedjax_inv.aggregators import mask_step, masking_aggregator, sign_agreement
+  from fedjax_inv.core.algorithm import HPARAMS, Context
+
+  def context(extras):
+    return Context(params=None, round=jnp.int32(0), extras=extras, client={},
+                   num_clients=jnp.float32(3), cohort=jnp.float32(3))
+
+  assert geometric_mean_aggregator("both").name == "geometric[both]"
+  assert geometric_mean_aggregator("negative").name == "geometric[negative]"
+  assert sign_agreement().name == "sign_agreement"
+  assert masking_aggregator(weighted_mean(), 0.5).name == "gma[tau=0.5](mean)"
+  # three clients, signs (+, +, -) on the coordinate: A = |mean sign| = 1/3 < τ = 0.5
+  upd = jnp.asarray([[1.0], [2.0], [-3.0]])
+  masking = masking_aggregator(weighted_mean(), 0.5)
+  stats = jax.tree.map(lambda *s: sum(s), *[masking.lift(u, jnp.float32(1.0)) for u in upd])
+  out = masking.finalize(stats)
+  np.testing.assert_allclose(np.asarray(out.mask), [1 / 3], rtol=1e-6)  # gma, not 0
+  # a sweep replica's traced tau (hparams) replaces the built one: τ = 0 keeps everything
+  np.testing.assert_allclose(np.asarray(masking.finalize(stats, {"tau": 0.0}).mask), [1.0])
+  step = mask_step(0.5)
+  ctx = context({})
+  u = jnp.asarray([6.0])
+  out, _ = step.update(u, step.init(u), messages={"sign": jnp.asarray([1 / 3])}, ctx=ctx)
+  np.testing.assert_allclose(np.asarray(out), [2.0], rtol=1e-6)  # 6 · A: gma, no rescale
+  ctx = context({HPARAMS: {"tau": 0.0}})
+  out, _ = step.update(u, step.init(u), messages={"sign": jnp.asarray([1 / 3])}, ctx=ctx)
+  np.testing.assert_allclose(np.asarray(out), [6.0])

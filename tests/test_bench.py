@@ -21,6 +21,7 @@ from tests.trees import max_abs_diff
     ("scaffold", dict(client_lr=0.1, local_steps=2, batch_size=8)),  # per-client state
     ("fediir", dict(client_lr=0.1, local_steps=2, batch_size=8)),    # pre-stage
 ])
+@pytest.mark.slow
 def test_loop_baseline_equals_engine(tiny_binary, name, kw):
   """The Python loop over a jitted client update is the same algorithm as the engine:
   same sampled clients, minibatches, messages, state and server step."""
@@ -137,11 +138,27 @@ def test_summary_and_peer_merge_compute_ratios():
   assert s["fishr_inter_geo_vs_fedavg"][1000] == pytest.approx(1.2)
 
 
+def test_summary_auto_vs_pfl_uses_pfls_fastest_layout_per_workload():
+  row = _rrow
+  rows = [row("auto", 100, 0.5), row("auto", 100, 2.0, "cnn_fedavg"),
+          row("pfl 0.6.0 (torch 2.13, 1x1)", 100, 3.0, source="peer"),
+          row("pfl 0.6.0 (torch 2.13, 2x1)", 100, 1.5, source="peer"),
+          row("pfl 0.6.0 (torch 2.13, 2x1)", 100, 3.0, "cnn_fedavg", source="peer"),
+          row("torch 2.13.0 loop", 100, 0.1, source="peer")]  # not pfl: ignored
+  s = bench.summarize(rows)
+  assert s["auto_vs_pfl"] == {"mlp_fedavg": {100: pytest.approx(3.0)},
+                              "cnn_fedavg": {100: pytest.approx(1.5)}}
+
+
 def test_run_peers_reports_a_missing_environment(tmp_path):
   rows, notes = bench.run_peers(str(tmp_path / "no-python"), [10], 1, 2, timeout_s=5)
   assert rows == [] and "setup.sh" in notes[0]
+  rows, notes = bench.run_peers(str(tmp_path / "no-python"), [10], 1, 2, timeout_s=5,
+                                script="bench_pfl.py", setup="setup_pfl.sh")
+  assert rows == [] and notes[0].startswith("bench_pfl:") and "setup_pfl.sh" in notes[0]
 
 
+@pytest.mark.slow
 def test_cli_bench_writes_rows_with_ratio_vs_loop(tmp_path, capsys):
   out = tmp_path / "bench.json"
   png = tmp_path / "t.png"

@@ -40,6 +40,7 @@ def test_run_writes_outputs_with_stable_schema(tmp_path, capsys):
   assert not list(tmp_path.glob(".r1.tmp-*"))  # nothing half-written left
 
 
+@pytest.mark.slow
 def test_default_run_is_the_three_seed_comparison(tmp_path, capsys):
   out = tmp_path / "cmp"
   assert cli.main(["run", "--rounds", "2", "--out", str(out), "--no-progress"]) == 0

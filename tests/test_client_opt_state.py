@@ -93,6 +93,7 @@ TOL = dict(rtol=2e-5, atol=2e-6)
 
 
 @pytest.mark.parametrize("cohort", [5, 2], ids=["full", "partial"])
+@pytest.mark.slow
 def test_persistent_equals_a_loop_that_keeps_momentum(tiny_binary, cohort):
   data, model = tiny_binary
   p0 = model.init(0)
@@ -123,6 +124,7 @@ def test_persistent_equals_a_loop_that_keeps_momentum(tiny_binary, cohort):
   assert _maxdiff(want, want_r) > 100 * TOL["atol"]
 
 
+@pytest.mark.slow
 def test_persistent_and_restart_agree_in_round_one(tiny_binary):
   """Before any client has a history the two modes are the same computation."""
   data, model = tiny_binary
@@ -136,6 +138,7 @@ def test_persistent_and_restart_agree_in_round_one(tiny_binary):
 # --------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_every_strategy_gives_the_same_persistent_run(tiny_binary):
   data, model = tiny_binary
   alg = _alg("persistent")
@@ -149,6 +152,7 @@ def test_every_strategy_gives_the_same_persistent_run(tiny_binary):
   assert float(jnp.max(jnp.abs(jax.tree.leaves(ref_cs[CLIENT_OPT_STATE])[0]))) > 1e-3
 
 
+@pytest.mark.slow
 def test_persistent_scaffold_keeps_both_states(tiny_binary):
   """The reserved key sits next to a component's pool state (SCAFFOLD's c_i): both are
   gathered and scattered, and scan equals vmap."""
@@ -175,6 +179,7 @@ RUN = dict(rounds=ROUNDS, clients_per_round=3, eval_every=1, progress=False,
            reporting=None)
 
 
+@pytest.mark.slow
 def test_fused_rounds_replicas_and_sweeps_carry_the_state(tiny_binary):
   from fedjax_inv import sweep
   from fedjax_inv.replicas import run_replicas
@@ -204,6 +209,7 @@ def test_fused_rounds_replicas_and_sweeps_carry_the_state(tiny_binary):
 # --------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_checkpoint_resume_is_bit_identical_with_persistent_state(tiny_binary, tmp_path):
   task = _task(tiny_binary)
   alg = _alg("persistent")

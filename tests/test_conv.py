@@ -23,6 +23,7 @@ CASES = [
 
 
 @pytest.mark.parametrize("xs,ws,strides,pad,rhs_dil,dn", CASES)
+@pytest.mark.slow
 def test_value_and_vjp_equal_lax(xs, ws, strides, pad, rhs_dil, dn):
   k1, k2, k3 = jax.random.split(jax.random.key(len(xs) + sum(ws)), 3)
   x, w = jax.random.normal(k1, xs), jax.random.normal(k2, ws)

@@ -53,6 +53,7 @@ def test_loader_reads_layout_sorted_classes_and_resizes(pacs_dir):
       assert want <= got
 
 
+@pytest.mark.slow
 def test_task_follows_domain_contract(pacs_dir):
   task = make_task("pacs", data_dir=pacs_dir, holdout="photo", image_size=8, seed=3,
                    val_fraction=0.25, arch="resnet18", base_width=8)
@@ -81,6 +82,7 @@ def test_task_follows_domain_contract(pacs_dir):
   assert out.shape == (2, 2)  # 2 classes
 
 
+@pytest.mark.slow
 def test_many_clients_per_domain(pacs_dir):
   task = make_task("pacs", data_dir=pacs_dir, holdout=0, image_size=4,
                    clients_per_domain=2, base_width=8)

@@ -52,7 +52,9 @@ def _engine_run(model, data, alg, strategy, rounds, cohort, seed=0):
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-@pytest.mark.parametrize("strategy", STRATEGIES)
+# scan (what 'auto' is on CPU) in the fast tier; vmap and chunked in the slow one.
+@pytest.mark.parametrize("strategy", [
+    s if s == "scan" else pytest.param(s, marks=pytest.mark.slow) for s in STRATEGIES])
 def test_engine_equals_python_loop(tiny_binary, case, strategy):
   data, model = tiny_binary
   alg_kw, ref_kw = CASES[case]
@@ -90,6 +92,7 @@ def test_auto_resolves_by_backend():
 
 
 @pytest.mark.parametrize("unroll", [1, 3])
+@pytest.mark.slow
 def test_scan_unroll_and_pregather_paths_agree(tiny_binary, unroll, monkeypatch):
   """Loop unrolling and the gather-per-step fallback change nothing numerically."""
   data, model = tiny_binary

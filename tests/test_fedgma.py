@@ -74,6 +74,7 @@ BASES = {
 
 
 @pytest.mark.parametrize("base", sorted(BASES))
+@pytest.mark.slow
 def test_tau_zero_equals_base_bitwise(tiny_binary, base):
   data, model = tiny_binary
   want = _run(model, data, make_algorithm(base, **BASES[base]), rounds=2)

@@ -303,6 +303,7 @@ def case_reference(name):
 
 @pytest.mark.parametrize("strategy", ["vmap", "scan"])
 @pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.slow
 def test_fedsgd_type_equals_python_loop(name, strategy):
   model = _DATA["tiny"][1]
   server, _, _ = run_engine(name, CASES[name]["kw"], strategy)
@@ -366,6 +367,7 @@ def fedcurv_reference(lam):
 
 
 @pytest.mark.parametrize("strategy", ["vmap", "scan"])
+@pytest.mark.slow
 def test_fedcurv_shoham_equals_python_loop(strategy):
   server, cs, _ = run_engine("fedcurv_shoham", FEDCURV["kw"], strategy, "pool4", rounds=3,
                              cohort=3)
@@ -460,6 +462,7 @@ def test_fishr_protocol_equals_jax_grad_of_penalty():
   _assert_trees_close(out, tmap(lambda g: 1.0 + 2.5 * g, got), rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.slow
 def test_fishr_lambda_zero_is_geometric_exactly():
   kw = dict(server_optimizer="adamw", server_lr=0.05, weight_decay=0.01, batch_size=8,
             zeros="both")
@@ -473,6 +476,7 @@ def test_fishr_lambda_zero_is_geometric_exactly():
 # ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_intra_geo_padding_and_chunk_invariance():
   """Junk in padded rows (and 13 more of them) and another chunk size change nothing."""
   kw = CASES["fishr_intra_geo"]["kw"]
@@ -612,6 +616,7 @@ def test_fishr_rejects_regression_before_running():
 
 @pytest.mark.parametrize("kind,outputs", [("binary", 1), ("multiclass", 4)])
 @pytest.mark.parametrize("zeros", ["both", "negative"])
+@pytest.mark.slow
 def test_intra_geo_dense_closed_form_equals_per_example_path(kind, outputs, zeros):
   """models.mlp has a DenseChain: with model/kind passed (task-only objective) the
   per-example weighted geometric mean comes from matmuls of layer inputs and

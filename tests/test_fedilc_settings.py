@@ -218,6 +218,7 @@ def _relu_batch(b=64, d=8, seed=0):
   return Batch(x=jnp.asarray(x), y=jnp.asarray(y), w=jnp.ones(b))
 
 
+@pytest.mark.slow
 def test_intra_geo_default_trains_where_per_example_both_is_zero():
   """Per-example groups with zeros in both sign sets: every first-layer coordinate has an
   example with an exact-zero gradient (inactive ReLU or zero input), so its weighted
@@ -240,6 +241,7 @@ def test_intra_geo_default_trains_where_per_example_both_is_zero():
   assert all(float(jnp.max(jnp.abs(a))) > 1e-6 for a in first(g_def))
 
 
+@pytest.mark.slow
 def test_intra_group_size_equals_python_loop_over_minibatches():
   """group_size=s: weightedgeo over the ⌈n/s⌉ mini-batches of s real examples (the last
   smaller) in stored order (shuffle=False), padded rows excluded; with shuffle=True, the

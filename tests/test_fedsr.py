@@ -332,6 +332,7 @@ def _reference_fedsr(model, data, params, *, rounds, r_mode, a_l2r, a_cmi, lr, m
 
 @pytest.mark.parametrize("r_mode,weighting,state", [
     ("local", None, None), ("averaged", "num_examples", None), ("local", None, "restart")])
+@pytest.mark.slow
 def test_engine_matches_per_client_loop(tiny_binary, r_mode, weighting, state):
   """Default (None): the uniform server mean of FedSR eq. 1; the option: size weights.
   Client optimizer state: persistent by default (official code), or restarted."""
@@ -382,6 +383,7 @@ def test_engine_matches_per_client_loop(tiny_binary, r_mode, weighting, state):
 
 
 @pytest.mark.parametrize("name", ["fedsr", "fedl2r", "fedcmi"])
+@pytest.mark.slow
 def test_short_runs_are_finite(tiny_multiclass, tiny_binary, name):
   data, base = tiny_binary
   binary = Task("tiny_binary", "binary", data, {"ood": data}, base, {})

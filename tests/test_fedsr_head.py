@@ -75,6 +75,7 @@ def test_fedl2r_keeps_the_task_models_shapes():
 
 
 @pytest.mark.parametrize("depth,trunk,z", [(18, 8 * 4, 512), (50, 8 * 4 * 4, 2048)])
+@pytest.mark.slow
 def test_fedsr_on_resnet_uses_the_512_or_2048_projection_as_z(depth, trunk, z):
   base = R.resnet(depth, 7, base_width=4)
   m = make_algorithm("fedsr").model_for(base)

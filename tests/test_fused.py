@@ -20,6 +20,7 @@ def _task(tiny_binary):
     ("scaffold", {}),                # per-client control variates (client states)
     ("fedgma", {"tau": 0.4}),         # server-side sign mask
 ])
+@pytest.mark.slow
 def test_fused_rounds_equal_per_round_calls(tiny_binary, name, hp):
   task = _task(tiny_binary)
   alg = make_algorithm(name, client_lr=0.1, local_steps=2, batch_size=8, **hp)

@@ -127,6 +127,7 @@ def test_irm_schedule_switches_at_warmup():
 
 
 @pytest.mark.parametrize("strategy", ["vmap"])
+@pytest.mark.slow
 def test_inv_fedavg_during_warmup_is_fedavg(tiny_binary, strategy):
   data, model = tiny_binary
   kw = dict(client_lr=0.1, local_steps=3, batch_size=8)
@@ -142,6 +143,7 @@ def test_inv_fedavg_during_warmup_is_fedavg(tiny_binary, strategy):
 
 @pytest.mark.parametrize("lam", [0.5, 100.0])
 @pytest.mark.parametrize("irm_mode", ["client", "per_sample"])
+@pytest.mark.slow
 def test_inv_fedavg_matches_reference_loop(tiny_binary, lam, irm_mode):
   """Round 0 is FedAvg (warm-up), round 1 minimizes (R + λ·IRMv1)/max(λ, 1)."""
   data, model = tiny_binary
@@ -203,6 +205,7 @@ def test_inv_fedavg_hparams_recorded():
 
 
 @pytest.mark.parametrize("weighting", ["uniform", "num_examples"])
+@pytest.mark.slow
 def test_fediir_pre_stage_is_mean_classifier_gradient(tiny_binary, weighting):
   data, model = tiny_binary
   alg = make_algorithm("fediir", gamma=0.5, ema=0.95, client_lr=0.1, local_steps=2,

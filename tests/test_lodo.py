@@ -112,6 +112,7 @@ def result():
                        progress=False)
 
 
+@pytest.mark.slow
 def test_runs_equal_direct_simulation_runs(result):
   assert result["holdouts"] == ["d0", "d2"] and result["domains"] == DOMAINS
   assert len(result["runs"]) == 2 * 2 * 2
@@ -292,6 +293,7 @@ if EQ_TASK not in task_registry():
   register_task(EQ_TASK, paper="test", summary="3 equal Gaussian domains")(_equal_domains)
 
 
+@pytest.mark.slow
 def test_batched_holdouts_equal_sequential_runs():
   """Issue 13: --holdout all with --replicas batched runs every (held-out domain, seed)
   of an algorithm as one vmapped program with per-replica data; each run equals the

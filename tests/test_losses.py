@@ -98,6 +98,19 @@ def test_check_kind():
 # ---------------------------------------------------------------------------------------
 
 
+def test_mask_rows_sets_dropped_rows_to_zero_or_fill():
+  x = jnp.asarray([[1.0, 2.0], [jnp.inf, jnp.nan], [3.0, -4.0]])
+  keep = jnp.asarray([True, False, True])
+  # default fill: exactly 0 on the dropped row, the kept rows unchanged
+  np.testing.assert_array_equal(np.asarray(losses.mask_rows(x, keep)),
+                                [[1.0, 2.0], [0.0, 0.0], [3.0, -4.0]])
+  np.testing.assert_array_equal(np.asarray(losses.mask_rows(x, keep, fill=-1.0)),
+                                [[1.0, 2.0], [-1.0, -1.0], [3.0, -4.0]])
+  # the cotangent of a dropped row is exactly 0
+  g = jax.grad(lambda x: jnp.sum(losses.mask_rows(x, keep) ** 2))(x)
+  np.testing.assert_array_equal(np.asarray(g), [[2.0, 4.0], [0.0, 0.0], [6.0, -8.0]])
+
+
 def test_weighted_mean_uses_the_weights():
   v = jnp.asarray([1.0, 2.0, 3.0, 10.0])
   w = jnp.asarray([1.0, 0.5, 2.0, 0.0])
@@ -117,6 +130,15 @@ def test_weighted_mean_gradient_is_the_weights_over_their_sum():
   w = jnp.asarray([1.0, 0.5, 2.0, 0.0])
   g = jax.grad(losses.weighted_mean)(v, w)
   np.testing.assert_allclose(np.asarray(g), np.asarray(w) / 3.5, rtol=1e-6)
+
+
+def test_weighted_mean_is_exact_for_tiny_positive_weights():
+  # Σw = 3e-13 (well below any floor): still Σ w v / Σ w
+  v = jnp.asarray([1.0, 4.0, 100.0])
+  w = jnp.asarray([1e-13, 2e-13, 0.0])
+  np.testing.assert_allclose(float(losses.weighted_mean(v, w)), 3.0, rtol=1e-5)
+  g = jax.grad(losses.weighted_mean)(v, w)
+  np.testing.assert_allclose(np.asarray(g), [1 / 3, 2 / 3, 0.0], rtol=1e-5)
 
 
 def test_weighted_mean_all_zero_weights_is_zero():

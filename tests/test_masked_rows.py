@@ -461,6 +461,7 @@ def test_core_weighted_mean(bad):
 
 @pytest.mark.parametrize("bad", BAD)
 @pytest.mark.parametrize("zeros", ["both", "negative"])
+@pytest.mark.slow
 def test_geometric_mean_aggregator(bad, zeros):
   _check_agg(aggs.geometric_mean_aggregator(zeros), _ref_geo, bad, rtol=1e-5, atol=1e-6)
 

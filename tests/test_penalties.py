@@ -1,4 +1,5 @@
 """Behaviour tests for fedjax_inv.penalties (IRMv1, Fishr, FedProx, FedSR terms)."""
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -336,3 +337,67 @@ def test_l2r_modes_and_weights():
   np.testing.assert_allclose(g[0], np.array([3.0, 4.0]) / 5.0 / 3.0, rtol=1e-6)
   with pytest.raises(ValueError, match="weights"):
     l2r(z, jnp.ones(2))
+
+
+# ---------------------------------------------------------------------------------------
+# The weighted mean every penalty reduces with (mutation testing, tests/README.md)
+# ---------------------------------------------------------------------------------------
+
+
+def test_weighted_mean_fractional_weights_below_one_and_padded_inf_nan():
+  """Σ w v / Σ w for weights summing to 0.75 (not 1, not > 1); zero-weight rows holding
+  inf/NaN change neither the value nor any gradient (the helper's documented contract)."""
+  from fedjax_inv.penalties import _weighted_mean
+  v = jnp.asarray([1.0, 2.0, jnp.inf, jnp.nan])
+  w = jnp.asarray([0.25, 0.5, 0.0, 0.0])
+  np.testing.assert_allclose(float(_weighted_mean(v, w)), (0.25 + 1.0) / 0.75, rtol=1e-6)
+  gv, gw = jax.grad(_weighted_mean, argnums=(0, 1))(v, w)
+  np.testing.assert_allclose(np.asarray(gv), [0.25 / 0.75, 0.5 / 0.75, 0.0, 0.0],
+                             rtol=1e-6, atol=0)
+  mean = (0.25 + 1.0) / 0.75  # ∂/∂w_i = (v_i - mean) / Σw on the kept rows, 0 elsewhere
+  np.testing.assert_allclose(np.asarray(gw), [(1.0 - mean) / 0.75, (2.0 - mean) / 0.75,
+                                              -mean / 0.75, -mean / 0.75], rtol=1e-5)
+  # the public path: cross-entropy with the same weights
+  logits = jnp.asarray([[0.3], [-1.2], [2.0], [0.0]])
+  labels = jnp.asarray([1, 0, 1, 0])
+  ce = np.logaddexp(0, np.asarray(logits)[:, 0]) - np.asarray(labels) * np.asarray(logits)[:, 0]
+  np.testing.assert_allclose(float(cross_entropy(logits, labels, w)),
+                             (0.25 * ce[0] + 0.5 * ce[1]) / 0.75, rtol=1e-6)
+
+
+def test_weighted_mean_all_zero_weights_value_and_gradients():
+  """All weights 0: the value is 0 and the gradients w.r.t. values and weights are finite
+  (the 1/Σw branch that ``where`` discards must not put 0/0 into them)."""
+  from fedjax_inv.penalties import _weighted_mean
+  v = jnp.asarray([1.0, jnp.inf, 3.0])
+  w = jnp.zeros(3)
+  assert float(_weighted_mean(v, w)) == 0.0
+  gv, gw = jax.grad(_weighted_mean, argnums=(0, 1))(v, w)
+  np.testing.assert_array_equal(np.asarray(gv), 0.0)
+  assert np.all(np.isfinite(np.asarray(gw))), gw
+
+
+@pytest.mark.parametrize("fn", ["cross_entropy", "irm_v1", "mse"])
+def test_integer_inputs_are_read_as_float32_and_float16_stays_float16(fn):
+  """Integer logits / predictions are cast to float32 first (same value as the float
+  call); a float16 input is kept in float16 (no silent up-cast of the caller's dtype)."""
+  import fedjax_inv.penalties as P
+  f = getattr(P, fn)
+  x = np.asarray([[2], [-1], [0], [3]])
+  y = np.asarray([1, 0, 1, 1]) if fn != "mse" else np.asarray([1.5, -1.0, 0.5, 2.0])
+  w = jnp.asarray([1.0, 1.0, 0.0, 1.0])
+  want = f(jnp.asarray(x, jnp.float32), jnp.asarray(y), w)
+  got = f(jnp.asarray(x, jnp.int32), jnp.asarray(y), w)
+  assert got.dtype == jnp.float32
+  np.testing.assert_allclose(float(got), float(want), rtol=1e-6)
+  half = f(jnp.asarray(x, jnp.float16), jnp.asarray(y), w)
+  assert half.dtype == jnp.float16
+  np.testing.assert_allclose(float(half), float(want), rtol=2e-2)
+
+
+def test_classifier_per_sample_grads_reads_1d_logit_grads_as_one_column():
+  z = jnp.asarray(np.random.default_rng(0).normal(size=(5, 3)).astype(np.float32))
+  g = jnp.asarray([0.5, -1.0, 2.0, 0.0, 1.5])
+  chex.assert_trees_all_close(classifier_per_sample_grads(z, g),
+                              classifier_per_sample_grads(z, g[:, None]), rtol=0, atol=0)
+  assert classifier_per_sample_grads(z, g)["kernel"].shape == (5, 3, 1)

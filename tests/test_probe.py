@@ -2,6 +2,7 @@
 run's own task, keeps the fastest, records the timings, and then runs exactly as an
 explicit run with the chosen strategy."""
 import numpy as np
+import pytest
 
 from fedjax_inv import Task
 from fedjax_inv.algorithms import make_algorithm
@@ -13,6 +14,7 @@ def _task(tiny_binary):
   return Task("tiny", "binary", data, {"ood": data.take(np.array([0, 3]))}, model, {})
 
 
+@pytest.mark.slow
 def test_probe_keeps_the_fastest_measured_strategy_and_records_it(tiny_binary):
   task = _task(tiny_binary)
   alg = make_algorithm("fedavg", client_lr=0.1, local_steps=2, batch_size=8)

@@ -30,6 +30,7 @@ def _close_history(a, b):
     ("scaffold", {}, 1),            # per-client states carry a replica axis
     ("fedgma", {"tau": 0.4}, 4),     # server-side mask, fused rounds
 ])
+@pytest.mark.slow
 def test_batched_replicas_equal_sequential_runs(tiny_binary, name, hp, rpc):
   task = _task(tiny_binary)
   alg = make_algorithm(name, client_lr=0.1, local_steps=2, batch_size=8, **hp)
@@ -49,6 +50,7 @@ def test_batched_replicas_equal_sequential_runs(tiny_binary, name, hp, rpc):
   assert batched[0].final["ood_loss"] != batched[1].final["ood_loss"]
 
 
+@pytest.mark.slow
 def test_a_diverging_replica_is_reported_and_the_others_finish(tiny_binary, monkeypatch):
   task = _task(tiny_binary)
   alg = make_algorithm("fedavg", client_lr=0.1, local_steps=1, batch_size=8)
@@ -69,6 +71,7 @@ def test_bad_seed_lists_are_refused(tiny_binary, seeds):
                  progress=False)
 
 
+@pytest.mark.slow
 def test_cli_replicas_batched_matches_sequential_and_says_so(tmp_path):
   import json
   from fedjax_inv import cli

@@ -270,6 +270,7 @@ if "_test_fedilc_like" not in task_registry():
   register_task("_test_fedilc_like", paper="test", summary="shift")(_fedilc_like)
 
 
+@pytest.mark.slow
 def test_experiment_writes_selected_and_last_k(tmp_path):
   import io
   from fedjax_inv.experiment import run_experiment

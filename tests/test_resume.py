@@ -37,6 +37,7 @@ def _same_results(summary, rows, reference):
   assert sorted(rows, key=key) == sorted(ref_rows, key=key)  # no duplicated rounds
 
 
+@pytest.mark.slow
 def test_ctrl_c_writes_finished_runs_exits_130_and_resumes(tmp_path, monkeypatch, capsys,
                                                            reference):
   out = tmp_path / "exp"
@@ -128,6 +129,7 @@ def test_resume_refuses_a_different_config(tmp_path):
   assert sorted(p.name for p in out.iterdir()) == ["config.json"]
 
 
+@pytest.mark.slow
 def test_checkpoint_resume_is_bit_identical(tiny_binary, tmp_path):
   import chex
   import numpy as np
@@ -164,6 +166,7 @@ def test_checkpoint_resume_is_bit_identical(tiny_binary, tmp_path):
                    rounds=6, progress=False, reporting=None)
 
 
+@pytest.mark.slow
 def test_cli_resume_continues_the_current_run_from_its_checkpoint(tmp_path, monkeypatch,
                                                                    capsys, reference):
   out = tmp_path / "exp"

@@ -16,6 +16,7 @@ def _task(tiny_binary):
   return Task("tiny", "binary", data, {"ood": data.take(np.array([0]))}, model, {})
 
 
+@pytest.mark.slow
 def test_same_seed_same_bits_different_seed_differs(tiny_binary):
   task = _task(tiny_binary)
   alg = make_algorithm("fedavg", client_lr=0.1, local_steps=2, batch_size=8)

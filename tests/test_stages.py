@@ -26,6 +26,7 @@ def _close(a, b, rtol=1e-5, atol=1e-7):
   chex.assert_trees_all_close(a, b, rtol=rtol, atol=atol)
 
 
+@pytest.mark.slow
 def test_a_server_stage_scaling_the_pseudo_gradient_equals_a_smaller_server_lr(tiny_binary):
   """chain(scale 0.5, sgd(1)) = sgd(0.5): the stage runs before the server optimizer."""
   data, model = tiny_binary

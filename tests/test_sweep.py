@@ -91,6 +91,7 @@ def _assert_equal_runs(a, b, rtol):
     # the aggregator's threshold (FedGMA's soft mask on the server step)
     ("fedgma", {"tau": [0.0, 0.6]}, {}, 2e-6),
 ])
+@pytest.mark.slow
 def test_batched_sweep_equals_sequential_runs(tiny_binary, name, spec, fixed, rtol):
   task = _task(tiny_binary)
   fixed = dict(client_lr=0.1, local_steps=2, batch_size=8, **fixed)
@@ -110,6 +111,7 @@ def test_batched_sweep_equals_sequential_runs(tiny_binary, name, spec, fixed, rt
   assert len(finals) == len(out)  # every point and seed is a different run
 
 
+@pytest.mark.slow
 def test_fishr_lambda_is_traced(tiny_binary):
   task = _task(tiny_binary)
   spec = {"fishr_lambda": [0.0, 15.0]}
@@ -122,6 +124,7 @@ def test_fishr_lambda_is_traced(tiny_binary):
     _assert_equal_runs(o["result"], ref, 2e-6)
 
 
+@pytest.mark.slow
 def test_untraceable_sweep_runs_one_after_another(tiny_binary):
   task = _task(tiny_binary)
   out = sweep.run_sweep(task, "fedavg", {"local_steps": [1, 2]}, seeds=[0],
@@ -151,6 +154,7 @@ def test_bad_traced_hyperparameters_are_refused_before_compiling(tiny_binary):
                     **KW)
 
 
+@pytest.mark.slow
 def test_run_experiment_sweep_writes_one_row_per_point(tmp_path):
   import json
   from fedjax_inv.experiment import run_experiment

@@ -184,6 +184,7 @@ def test_rotated_mnist_errors(kw, match):
     tasks.make_task("rotated_mnist", **kw)
 
 
+@pytest.mark.slow
 def test_rotated_mnist_trains_end_to_end():
   task = tasks.make_task("rotated_mnist", n_per_domain=40, channels=(4, 8))
   alg = make_algorithm("fedavg", client_lr=0.05, local_steps=2, batch_size=16)

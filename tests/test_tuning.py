@@ -131,6 +131,7 @@ def test_regression_selection_minimizes_val_mse(tmp_path, monkeypatch):
   assert sel["trial"] == 1 and sel["score"] == 1.0
 
 
+@pytest.mark.slow
 def test_real_row_runs_resumes_and_tables(tmp_path):
   p = tuning.Protocol(trials=2, tuning_seeds=(100,), report_seeds=(0, 1))
   kw = dict(task="synthetic_hospital", task_kwargs=dict(n_per_client=60, n_ood=30),
@@ -202,6 +203,7 @@ def test_bad_setting_fails_before_any_run_or_file(tmp_path, monkeypatch):
   assert not (tmp_path / "r").exists()
 
 
+@pytest.mark.slow
 def test_cli_tune_end_to_end_and_bad_input(tmp_path, capsys):
   from fedjax_inv.cli import main
   out = tmp_path / "row"

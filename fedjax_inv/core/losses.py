@@ -67,7 +67,12 @@ def weighted_mean(values: jax.Array, weights: jax.Array | None) -> jax.Array:
   v = jnp.where(keep, values, jnp.zeros_like(values))
   wv = v * weights
   total = jnp.sum(jnp.where(keep, wv, jnp.zeros_like(wv)))
-  return total / jnp.maximum(jnp.sum(weights), 1e-12)
+  # Divide by Σw exactly whenever it is positive (however small); the discarded branch of
+  # the outer where divides by 1, so no 0/0 reaches the value or the gradient.
+  wsum = jnp.sum(weights)
+  positive = wsum > 0
+  return jnp.where(positive, total / jnp.where(positive, wsum, jnp.ones_like(wsum)),
+                   jnp.zeros_like(total))
 
 
 def mean_loss(kind: str, logits, labels, weights=None) -> jax.Array:

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from fedjax_inv.models.conv import conv_general_dilated
+from fedjax_inv.models.pool import max_pool
 
 Params = Any
 
@@ -85,7 +86,7 @@ class CNN(nnx.Module):
                             conv_general_dilated=conv_general_dilated))
       convs.append(nnx.relu)
       if i < len(channels) - 1:
-        convs.append(lambda x: nnx.max_pool(x, (2, 2), strides=(2, 2)))
+        convs.append(lambda x: max_pool(x, (2, 2), strides=(2, 2)))
       c = ch
     reduce = jnp.max if pool == "max" else jnp.mean
     self.featurizer = nnx.Sequential(*convs, lambda x: reduce(x, axis=(1, 2)))
@@ -123,8 +124,8 @@ class ConvNetFeaturizer(nnx.Module):
 
   def trunk(self, x):
     """``[B, H, W, C] -> [B, trunk_dim]`` (everything before the projection)."""
-    x = nnx.max_pool(nnx.relu(self.conv1(x)), (2, 2), strides=(2, 2))
-    x = nnx.max_pool(nnx.relu(self.conv2(x)), (2, 2), strides=(2, 2))
+    x = max_pool(nnx.relu(self.conv1(x)), (2, 2), strides=(2, 2))
+    x = max_pool(nnx.relu(self.conv2(x)), (2, 2), strides=(2, 2))
     return x.reshape(x.shape[0], -1)
 
   def __call__(self, x):

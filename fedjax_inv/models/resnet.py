@@ -42,6 +42,7 @@ from flax import nnx
 
 from fedjax_inv.models import FunctionalModel
 from fedjax_inv.models.conv import conv_general_dilated
+from fedjax_inv.models.pool import max_pool
 
 __all__ = [
     "ResNet",
@@ -176,7 +177,7 @@ class ResNetFeaturizer(nnx.Module):
       x = (x - jnp.asarray(IMAGENET_MEAN, x.dtype)) / jnp.asarray(IMAGENET_STD, x.dtype)
     x = nnx.relu(self.stem_norm(self.stem_conv(x)))
     if not self.small_input:
-      x = nnx.max_pool(x, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)))
+      x = max_pool(x, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)))
     for b in self.blocks:
       x = b(x)
     return jnp.mean(x, axis=(1, 2))

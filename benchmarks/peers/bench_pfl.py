@@ -1,0 +1,601 @@
+"""The FedAvg workloads of ``fedjax-inv bench`` run with Apple's pfl-research (``pfl``).
+
+Runs in its own environment, made by ``benchmarks/peers/setup_pfl.sh``
+(``benchmarks/peers/.venv-pfl``: ``pfl[pytorch]`` with the CPU torch wheel; never a
+dependency of fedjax_inv), and prints JSON rows in the format of ``bench_peers.py``
+(``source="peer"``), which ``fedjax-inv bench --peers`` can merge by workload and ``C``.
+
+Workload (``mlp_fedavg`` / ``cnn_fedavg`` of ``benchmarks/harness.py``): C clients per
+round, pool = C (every client trains every round), 64 synthetic MNIST-shaped examples per
+client (x uniform in [0, 1), 10 uniform labels; the same arrays as ``bench_peers.py``),
+local training = 5 SGD steps (lr 0.1) on batches of 32 drawn with replacement, server =
+weighted mean of the client models (FedAvg, McMahan et al. 2017). Models, in torch:
+
+  * ``mlp``: 784-128-10 with ReLU (101,770 parameters).
+  * ``cnn``: ``fedjax_inv.models.cnn(1)``: 3x3 convs 1->32->64->64 ('SAME' padding, ReLU,
+    2x2 max-pool after the first two), global max over positions, Linear 64->10
+    (56,394 parameters, the same layer shapes; He-normal conv init as there).
+
+pfl configuration (its "Fast distributed simulations" guide and API docs):
+
+  * ``pfl.model.pytorch.PyTorchModel`` with ``local_optimizer_create=torch.optim.SGD``
+    and a central ``torch.optim.SGD(lr=1.0)``: FedAvg's server step ``w + mean delta``.
+  * ``pfl.algorithm.FederatedAveraging`` with ``NNAlgorithmParams(train_cohort_size=C,
+    val_cohort_size=None, evaluation_frequency`` > rounds) and ``NNTrainHyperParams(
+    local_learning_rate=0.1, local_batch_size=32, local_num_epochs=1)``.
+  * Data: ``pfl.data.FederatedDataset`` over pfl's in-memory ``Dataset`` (the guide: "If
+    all data can fit into RAM, then using Dataset is the fastest"), tensors created once
+    (pfl's ``to_tensor`` passes torch tensors through), the ``'minimize_reuse'`` user
+    sampler (cycles through the pool: with cohort = pool every client trains once a
+    round). pfl has no with-replacement batching and its ``local_num_steps`` stops at the
+    end of the user's data (64 examples = 2 batches of 32), so ``make_dataset_fn`` draws
+    the round's 5 x 32 example indices with replacement and hands pfl a 160-example
+    ``Dataset``; one epoch of batch 32 is then exactly the 5 steps (the same gather the
+    other peers do per batch).
+  * ``pfl.aggregate.simulate.SimulatedBackend`` with the ``WeightByDatapoints``
+    postprocessor (all clients have 160, so the weighted mean is the plain mean), no
+    privacy mechanism, no central evaluation, ``run(send_metrics_to_platform=False)``
+    (the generic platform prints every metric to stdout otherwise).
+  * Parallelism: pfl's multi-process simulation (the guide's "Multi-process training";
+    on CPU torch.distributed uses gloo): P worker processes started with
+    ``PFL_WORKER_ADDRESSES`` / ``PFL_WORKER_RANK``, each training its share of the cohort,
+    the summed updates all-reduced every round. A config ``PxT`` is P processes with T
+    torch threads each (``P`` alone: T = cores // P). The default runs ``1`` (one process,
+    torch's default threads) and, on a machine with more cores, also ``1x1`` and ``Nx1``
+    (N = cores): on a busy 2-core host 1-thread processes were much faster than torch's
+    2 intra-op threads (as for the plain torch peer of bench_peers.py).
+    ``PyTorchModel(use_torch_compile=True)`` is left off, as in pfl's image
+    classification benchmarks: it wraps the module in ``torch.compile``, but pfl trains
+    through ``module.loss(...)``, which the ``OptimizedModule`` forwards to the original,
+    uncompiled module (checked: no dynamo frames compiled, first round unchanged), so
+    it does nothing for the ``loss`` / ``metrics`` modules pfl requires.
+
+Every (config, model, C) runs in fresh worker processes (clean peak RSS, clean thread
+settings). Timing: a pfl callback takes ``time.perf_counter()`` after each central
+iteration; the first iteration also includes pfl's per-user evaluation before and after
+local training, which ``FederatedNNAlgorithm`` always does at iteration 0. Like
+``bench_peers.timed``: the first round (``first_round_s``) and ``warmup - 1`` more are
+untimed, then ``rounds`` timed ones (at least 2, fewer when they would exceed
+``--budget-s``; the ranks agree on the count by an all-reduce). ``round_s`` is the median
+over the timed rounds of the slowest rank's time; ``rss_peak_mb`` is the sum over the
+worker processes of ``resource.getrusage(RUSAGE_SELF).ru_maxrss`` (absolute, torch and
+pfl included: about 0.45 GB per process here). Rows carry the harness's peer fields plus
+``first_round_s``, ``rss_peak_mb``, ``processes`` and ``threads``.
+
+``--check-training`` checks, per model: the parameter count and shapes (fedjax_inv's, in
+torch's layout), one pfl round against the same FedAvg round written out in plain torch
+(same batches; max abs difference ~1e-8), and 20 rounds of 10 clients on a learnable
+synthetic task (x = 0.8 U + 0.2 T_y with a random 0/1 template per class): held-out
+accuracy rises from chance (measured: MLP 0.09 -> 1.00, CNN 0.09 -> 0.33). Exit 1 if a
+check fails.
+
+Usage:
+  bash benchmarks/peers/setup_pfl.sh
+  benchmarks/peers/.venv-pfl/bin/python benchmarks/peers/bench_pfl.py \\
+      --clients 10,100,1000 --models mlp,cnn --rounds 5 --warmup 1 --json -
+  ... bench_pfl.py --configs 1,1x1,2x1 --clients 100        (pick the process layout)
+  ... bench_pfl.py --check-training                          (shows that pfl learns)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+
+N_PER_CLIENT = 64
+BATCH = 32
+STEPS = 5
+LR = 0.1
+NUM_CLASSES = 10
+WORKLOADS = {"mlp": "mlp_fedavg", "cnn": "cnn_fedavg"}
+EXPECTED_PARAMS = {"mlp": 784 * 128 + 128 + 128 * 10 + 10, "cnn": 56_394}
+
+
+# --------------------------------------------------------------------------- shared
+
+
+def make_data(C: int, seed: int = 0):
+  """The synthetic pool of ``bench_peers.make_data``: x [C, 64, 28, 28, 1] uniform [0, 1),
+  y [C, 64] uniform labels."""
+  import numpy as np
+  rng = np.random.default_rng(seed)
+  x = rng.random((C, N_PER_CLIENT, 28, 28, 1), dtype=np.float32)
+  y = rng.integers(0, NUM_CLASSES, (C, N_PER_CLIENT)).astype(np.int32)
+  return x, y
+
+
+def to_model_layout(model: str, x):
+  """Host layout the torch model takes, converted once outside the timed rounds: mlp
+  [..., 784], cnn NCHW [..., 1, 28, 28]."""
+  import numpy as np
+  lead = x.shape[:-3]
+  if model == "mlp":
+    return np.ascontiguousarray(x.reshape(*lead, 784))
+  return np.ascontiguousarray(np.moveaxis(x, -1, -3))
+
+
+def build_torch_model(model: str):
+  """The torch module with pfl's required ``loss`` / ``metrics`` methods."""
+  import torch
+  from torch import nn
+  from pfl.metrics import Weighted
+
+  class Classifier(nn.Module):
+
+    def __init__(self, body: nn.Module):
+      super().__init__()
+      self.body = body
+
+    def forward(self, x):
+      return self.body(x)
+
+    # pfl calls loss(*raw_data, **train_kwargs) per local step, as in pfl's benchmarks
+    # (benchmarks/model/pytorch/metrics.py: image_classification_loss / _metrics).
+    def loss(self, x, y, eval=False):  # noqa: A002 - pfl's keyword
+      self.eval() if eval else self.train()
+      return nn.functional.cross_entropy(self(x), y)
+
+    @torch.no_grad()
+    def metrics(self, x, y, eval=True):  # noqa: A002
+      self.eval() if eval else self.train()
+      logits = self(x)
+      n = len(x)
+      return {"loss": Weighted(nn.functional.cross_entropy(logits, y, reduction="sum")
+                               .item(), n),
+              "accuracy": Weighted((logits.argmax(-1) == y).sum().item(), n)}
+
+  if model == "mlp":
+    body = nn.Sequential(nn.Linear(784, 128), nn.ReLU(), nn.Linear(128, NUM_CLASSES))
+  elif model == "cnn":
+
+    class GlobalMax(nn.Module):
+
+      def forward(self, h):
+        return h.amax(dim=(2, 3))
+
+    convs = [nn.Conv2d(1, 32, 3, padding=1), nn.Conv2d(32, 64, 3, padding=1),
+             nn.Conv2d(64, 64, 3, padding=1)]
+    for c in convs:  # fedjax_inv's CNN: He-normal (fan_in, gain 2) kernels, zero bias
+      nn.init.kaiming_normal_(c.weight, nonlinearity="relu")
+      nn.init.zeros_(c.bias)
+    body = nn.Sequential(convs[0], nn.ReLU(), nn.MaxPool2d(2),
+                         convs[1], nn.ReLU(), nn.MaxPool2d(2),
+                         convs[2], nn.ReLU(), GlobalMax(), nn.Linear(64, NUM_CLASSES))
+  else:
+    raise ValueError(f"model={model!r}; expected 'mlp' or 'cnn'.")
+  return Classifier(body)
+
+
+def param_count(module) -> int:
+  return sum(p.numel() for p in module.parameters())
+
+
+def build_pfl(model: str, X, Y, rounds_total: int, seed: int = 0, callbacks=()):
+  """Builds the pfl objects for FedAvg on pool (X [C, 64, ...], Y [C, 64]) and returns
+  ``(run, pfl_model, torch_module)``; ``run()`` does ``rounds_total`` central iterations
+  with cohort = pool = C. Every rank must call this with the same arguments."""
+  import numpy as np
+  import torch
+  from pfl.aggregate.simulate import SimulatedBackend
+  from pfl.aggregate.weighting import WeightByDatapoints
+  from pfl.algorithm import FederatedAveraging, NNAlgorithmParams
+  from pfl.data.dataset import Dataset
+  from pfl.data.federated_dataset import FederatedDataset
+  from pfl.data.sampling import get_user_sampler
+  from pfl.hyperparam import NNTrainHyperParams
+  from pfl.model.pytorch import PyTorchModel
+
+  C = X.shape[0]
+  # Identical initial model and sampler seeds on every rank (each applies the same
+  # all-reduced update to its own copy).
+  np.random.seed(seed)
+  torch.manual_seed(seed)
+  module = build_torch_model(model)
+  X = torch.as_tensor(X)
+  Y = torch.as_tensor(Y).long()
+  calls = [0] * C
+
+  def make_dataset_fn(user_id: int):
+    # This round's 5 batches of 32, drawn with replacement from the user's 64 examples
+    # (reproducible per (seed, user, call) for the reference check).
+    rng = np.random.default_rng((seed, user_id, calls[user_id]))
+    calls[user_id] += 1
+    idx = torch.from_numpy(rng.integers(0, N_PER_CLIENT, STEPS * BATCH))
+    return Dataset((X[user_id, idx], Y[user_id, idx]), user_id=str(user_id))
+
+  fd = FederatedDataset(make_dataset_fn, get_user_sampler("minimize_reuse", list(range(C))))
+  params = [p for p in module.parameters() if p.requires_grad]
+  pfl_model = PyTorchModel(model=module, local_optimizer_create=torch.optim.SGD,
+                           central_optimizer=torch.optim.SGD(params, lr=1.0))
+  backend = SimulatedBackend(training_data=fd, val_data=fd,
+                             postprocessors=[WeightByDatapoints()])
+  algo = FederatedAveraging()
+  algo_params = NNAlgorithmParams(central_num_iterations=rounds_total,
+                                  evaluation_frequency=rounds_total + 1,
+                                  train_cohort_size=C, val_cohort_size=None)
+  train_params = NNTrainHyperParams(local_learning_rate=LR, local_num_epochs=1,
+                                    local_batch_size=BATCH)
+
+  def run():
+    return algo.run(algorithm_params=algo_params, backend=backend, model=pfl_model,
+                    model_train_params=train_params, callbacks=list(callbacks),
+                    send_metrics_to_platform=False)
+
+  return run, pfl_model, module
+
+
+def versions() -> dict:
+  out = {}
+  for mod in ("pfl", "torch", "numpy"):
+    try:
+      out[mod] = __import__(mod).__version__
+    except Exception as e:  # noqa: BLE001 - report what is missing
+      out[mod] = f"unavailable: {type(e).__name__}: {e}"
+  return out
+
+
+# --------------------------------------------------------------------------- one worker
+
+
+def worker_main(a) -> int:
+  """One pfl process of a (possibly multi-process) run; writes its result to ``a.out``."""
+  import resource
+  import torch
+  if a.threads > 0:
+    torch.set_num_threads(a.threads)
+  from pfl.callback.base import TrainingProcessCallback
+  from pfl.internal.ops import pytorch_ops
+  from pfl.metrics import Metrics
+
+  dist = pytorch_ops.distributed  # created at import from PFL_WORKER_* (or single process)
+  x, y = make_data(a.clients, a.seed)
+  X = to_model_layout(a.model, x)
+  del x
+  first_rounds = max(1, a.warmup)
+
+  class Timer(TrainingProcessCallback):
+    """Per-central-iteration wall times; after round 0 the ranks agree on how many timed
+    rounds fit the budget (all-reduce of the slowest first round)."""
+
+    def __init__(self):
+      self.laps, self.stop_after = [], first_rounds + a.rounds
+
+    def on_train_begin(self, *, model):
+      self.t = time.perf_counter()
+      return Metrics()
+
+    def after_central_iteration(self, aggregate_metrics, model, *, central_iteration):
+      now = time.perf_counter()
+      self.laps.append(now - self.t)
+      if central_iteration == 0 and a.rounds > 2:
+        first = torch.tensor([self.laps[0]])
+        if dist.world_size > 1:
+          first = dist.all_reduce([first])[0] / dist.world_size  # mean over ranks
+        timed = max(2, min(a.rounds, int(a.budget_s / max(float(first[0]), 1e-9))))
+        self.stop_after = first_rounds + timed
+      self.t = time.perf_counter()
+      return len(self.laps) >= self.stop_after, Metrics()
+
+  timer = Timer()
+  run, _, module = build_pfl(a.model, X, y, first_rounds + a.rounds, a.seed, [timer])
+  run()
+  laps = timer.laps
+  res = dict(rank=dist.global_rank, world=dist.world_size, threads=torch.get_num_threads(),
+             params=param_count(module), first_round_s=laps[0],
+             timed=laps[first_rounds:], ru_maxrss_kb=resource.getrusage(
+                 resource.RUSAGE_SELF).ru_maxrss, **versions())
+  with open(a.out, "w") as f:
+    json.dump(res, f)
+  return 0
+
+
+# --------------------------------------------------------------------------- launcher
+
+
+def parse_config(spec: str, cores: int) -> tuple[int, int]:
+  """'P' -> (P, cores // P); 'PxT' -> (P, T); T = 0: torch's default thread count."""
+  procs, _, threads = spec.lower().partition("x")
+  procs = int(procs)
+  if procs < 1:
+    raise ValueError(f"config {spec!r}: use >= 1 processes.")
+  if not threads:
+    return procs, (0 if procs == 1 else max(1, cores // procs))
+  return procs, int(threads)
+
+
+def free_ports(n: int) -> list[int]:
+  socks = []
+  try:
+    for _ in range(n):
+      s = socket.socket()
+      s.bind(("127.0.0.1", 0))
+      socks.append(s)
+    return [s.getsockname()[1] for s in socks]
+  finally:
+    for s in socks:
+      s.close()
+
+
+def launch(model: str, C: int, procs: int, threads: int, a) -> list[dict]:
+  """Runs one measurement in ``procs`` fresh worker processes; returns their results."""
+  with tempfile.TemporaryDirectory(prefix="bench_pfl_") as tmp:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PFL_WORKER_", "TORCHELASTIC", "XLA_FLAGS"))}
+    env["PFL_PYTORCH_DEVICE"] = a.device
+    if threads > 0:
+      env["OMP_NUM_THREADS"] = str(threads)
+    ports = free_ports(procs) if procs > 1 else []
+    children = []
+    for r in range(procs):
+      e = dict(env)
+      if procs > 1:
+        e.update(PFL_WORKER_ADDRESSES=",".join(f"localhost:{p}" for p in ports),
+                 PFL_WORKER_RANK=str(r), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(procs))
+      out = os.path.join(tmp, f"rank{r}.json")
+      cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--model", model,
+             "--clients", str(C), "--threads", str(threads), "--warmup", str(a.warmup),
+             "--rounds", str(a.rounds), "--budget-s", str(a.budget_s), "--seed",
+             str(a.seed), "--out", out]
+      log = open(os.path.join(tmp, f"rank{r}.log"), "w")
+      children.append((subprocess.Popen(cmd, env=e, stdout=log, stderr=subprocess.STDOUT),
+                       out, log))
+    deadline = time.monotonic() + a.timeout_s
+    failed = None
+    for proc, _, _ in children:
+      try:
+        rc = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        if rc != 0 and failed is None:
+          failed = f"exit {rc}"
+      except subprocess.TimeoutExpired:
+        failed = failed or f"timed out after {a.timeout_s:.0f} s"
+        break
+    if failed:
+      for proc, _, _ in children:  # only the processes started here, by their handles
+        if proc.poll() is None:
+          proc.kill()
+          proc.wait()
+    results, logs = [], []
+    for r, (proc, out, log) in enumerate(children):
+      log.close()
+      with open(log.name) as f:
+        logs.append(f"rank {r}: " + f.read()[-1500:])
+      if os.path.exists(out):
+        with open(out) as f:
+          results.append(json.load(f))
+    if failed or len(results) != procs:
+      raise RuntimeError(f"pfl workers failed ({failed or 'missing results'}):\n"
+                         + "\n".join(logs))
+    return results
+
+
+def make_row(model: str, C: int, procs: int, results: list[dict]) -> dict:
+  r0 = min(results, key=lambda r: r["rank"])
+  n = min(len(r["timed"]) for r in results)
+  times = [max(r["timed"][i] for r in results) for i in range(n)]  # slowest rank
+  first = max(r["first_round_s"] for r in results)
+  med = statistics.median(times)
+  t = r0["threads"]
+  layout = (f"{t} thread{'s' * (t > 1)}" if procs == 1 else
+            f"{procs} procs x {t} thread{'s' * (t > 1)}")
+  impl = f"pfl {r0['pfl']} (torch {r0['torch'].split('+')[0]}, {layout})"
+  rss = sum(r["ru_maxrss_kb"] for r in results) / 1024.0
+  note = (f"pfl FederatedAveraging + SimulatedBackend, PyTorchModel, in-memory Dataset; "
+          f"{procs} process{'es' * (procs > 1)} x torch.set_num_threads({t})"
+          + ("; multi-process via PFL_WORKER_ADDRESSES (gloo all-reduce)" if procs > 1
+             else "") + f"; {r0['params']} params; first round includes pfl's iteration-0 "
+          "per-user evaluation")
+  return dict(source="peer", workload=WORKLOADS[model], model=model, algorithm="fedavg",
+              clients=C, pool=C, impl=impl, strategy=None, chunk_size=None,
+              rounds_timed=len(times), round_s=med, round_s_min=min(times),
+              round_s_max=max(times), client_updates_per_s=C / med,
+              compile_s=max(0.0, first - med), first_round_s=first, rss_peak_mb=rss,
+              processes=procs, threads=t, ratio_vs_loop=None, note=note)
+
+
+def bench_main(a) -> int:
+  cores = os.cpu_count() or 1
+  specs = [s for s in a.configs.split(",") if s] if a.configs else (
+      ["1x1", "1"] + [f"{cores}x1"] if cores > 1 else ["1"])
+  clients = [int(c) for c in a.clients.split(",") if c]
+  models = [m for m in a.models.split(",") if m]
+  rows, notes = [], []
+  for spec in specs:
+    procs, threads = parse_config(spec, cores)
+    for model in models:
+      if model not in WORKLOADS:
+        notes.append(f"unknown model {model!r}; choose from {list(WORKLOADS)}")
+        continue
+      last = None
+      for C in clients:
+        if last and last[1] * C / last[0] > a.max_round_s:
+          notes.append(f"pfl {spec} {model}: C={C} skipped (predicted "
+                       f"{last[1] * C / last[0]:.0f} s per round from C={last[0]}, > "
+                       f"--max-round-s {a.max_round_s:.0f})")
+          continue
+        print(f"  pfl {spec} {model} C={C} ...", file=sys.stderr, flush=True)
+        try:
+          r = make_row(model, C, procs, launch(model, C, procs, threads, a))
+          rows.append(r)
+          last = (C, r["round_s"])
+        except Exception as e:  # record the exact error, go on with the other configs
+          notes.append(f"pfl {spec} {model}: C={C} failed: {type(e).__name__}: {e}\n"
+                       f"{traceback.format_exc(limit=2)}")
+          break
+  meta = dict(python=platform.python_version(), cpu_count=cores, **versions())
+  try:
+    meta["loadavg"] = os.getloadavg()
+  except OSError:
+    pass
+  payload = dict(meta=meta, rows=rows, notes=notes)
+  text = json.dumps(payload, indent=1)
+  if a.json == "-":
+    print(text)
+  elif a.json:
+    with open(a.json, "w") as f:
+      f.write(text)
+  else:
+    for r in rows:
+      print(f"{r['workload']:11s} {r['impl']:40s} C={r['clients']:<6d} "
+            f"{r['round_s']:.4g} s/round ({r['client_updates_per_s']:.0f} updates/s, "
+            f"first {r['first_round_s']:.3g} s, peak RSS {r['rss_peak_mb']:.0f} MB)")
+    for n in notes:
+      print(n)
+  return 0
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def reference_round(model: str, module0, X, Y, seed: int = 0):
+  """One FedAvg round written out in plain torch with the same batches pfl gets:
+  returns the new flat parameter vector."""
+  import copy
+  import numpy as np
+  import torch
+  g = torch.nn.utils.parameters_to_vector(module0.parameters()).detach().clone()
+  acc = torch.zeros_like(g)
+  X, Y = torch.as_tensor(X), torch.as_tensor(Y).long()
+  for c in range(X.shape[0]):
+    m = copy.deepcopy(module0)
+    opt = torch.optim.SGD(m.parameters(), lr=LR)
+    idx = torch.from_numpy(np.random.default_rng((seed, c, 0)).integers(
+        0, N_PER_CLIENT, STEPS * BATCH))
+    for s in range(STEPS):
+      b = idx[s * BATCH:(s + 1) * BATCH]
+      opt.zero_grad()
+      torch.nn.functional.cross_entropy(m(X[c, b]), Y[c, b]).backward()
+      opt.step()
+    acc += torch.nn.utils.parameters_to_vector(m.parameters()).detach() - g
+  return g + acc / X.shape[0]
+
+
+def learnable_task(C: int, n_test: int, seed: int = 1):
+  """Labels from class templates: x = 0.8 U + 0.2 T_y, T_k a fixed random 0/1 28x28
+  pattern per class (local texture, so the global-max CNN can learn it too)."""
+  import numpy as np
+  rng = np.random.default_rng(seed)
+  T = (rng.random((NUM_CLASSES, 28, 28, 1)) < 0.5).astype(np.float32)
+
+  def draw(shape):
+    y = rng.integers(0, NUM_CLASSES, shape)
+    x = (0.8 * rng.random(shape + (28, 28, 1)) + 0.2 * T[y]).astype(np.float32)
+    return x, y.astype(np.int64)
+
+  return draw((C, N_PER_CLIENT)), draw((n_test,))
+
+
+def check_main(a) -> int:
+  import torch
+  if a.threads > 0:
+    torch.set_num_threads(a.threads)
+  from pfl.data.dataset import Dataset
+  from pfl.hyperparam import NNEvalHyperParams
+  out = dict(meta=dict(python=platform.python_version(), **versions()), checks=[])
+  ok = True
+  for model in [m for m in a.models.split(",") if m]:
+    # 1. the torch model has fedjax_inv's layer shapes
+    m = build_torch_model(model)
+    shapes = [tuple(p.shape) for p in m.parameters()]
+    n = param_count(m)
+    # 2. one pfl round == the same FedAvg round written out in torch
+    C = 4
+    x, y = make_data(C, a.seed)
+    X = to_model_layout(model, x)
+    run, pfl_model, module = build_pfl(model, X, y, 1, a.seed)
+    import copy
+    before = copy.deepcopy(module)
+    ref = reference_round(model, before, X, y, a.seed)
+    run()
+    got = torch.nn.utils.parameters_to_vector(module.parameters()).detach()
+    diff = float((got - ref).abs().max())
+    moved = float((got - torch.nn.utils.parameters_to_vector(before.parameters()).detach())
+                  .abs().max())
+    # 3. learning on a learnable synthetic task
+    (xt, yt), (xe, ye) = learnable_task(a.clients_check, 2000)
+    Xt, Xe = to_model_layout(model, xt), to_model_layout(model, xe)
+    run, pfl_model, module = build_pfl(model, Xt, yt, a.check_rounds, a.seed)
+    test = Dataset((torch.as_tensor(Xe), torch.as_tensor(ye)))
+    ev = NNEvalHyperParams(local_batch_size=500)
+
+    def acc():
+      md = {str(k): v.overall_value for k, v in pfl_model.evaluate(test, eval_params=ev)}
+      return md["accuracy"], md["loss"]
+
+    acc0, loss0 = acc()
+    t0 = time.perf_counter()
+    run()
+    secs = time.perf_counter() - t0
+    acc1, loss1 = acc()
+    c = dict(model=model, params=n, expected_params=EXPECTED_PARAMS[model],
+             param_shapes=shapes, one_round_vs_reference_max_abs_diff=diff,
+             one_round_max_abs_change=moved, clients=a.clients_check,
+             rounds=a.check_rounds, test_acc_before=acc0, test_acc_after=acc1,
+             test_loss_before=loss0, test_loss_after=loss1, train_seconds=secs)
+    c["ok"] = (n == EXPECTED_PARAMS[model] and diff < 1e-4 * max(1.0, moved)
+               and acc1 > acc0 + 0.2)
+    ok &= c["ok"]
+    out["checks"].append(c)
+    print(f"{model}: {n} params (expected {EXPECTED_PARAMS[model]}) {shapes}\n"
+          f"  one round vs torch reference: max |diff| {diff:.2e} (update max "
+          f"{moved:.2e})\n  {a.check_rounds} rounds x {a.clients_check} clients: test "
+          f"accuracy {acc0:.3f} -> {acc1:.3f}, loss {loss0:.3f} -> {loss1:.3f} "
+          f"({secs:.1f} s)  {'OK' if c['ok'] else 'FAIL'}", file=sys.stderr, flush=True)
+  if a.json == "-":
+    print(json.dumps(out, indent=1))
+  elif a.json:
+    with open(a.json, "w") as f:
+      json.dump(out, f, indent=1)
+  return 0 if ok else 1
+
+
+def main(argv=None) -> int:
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p.add_argument("--clients", default="10,100", help="comma list of cohort sizes")
+  p.add_argument("--models", default="mlp,cnn", help="comma list from mlp,cnn")
+  p.add_argument("--configs", default=None,
+                 help="comma list of process layouts 'P' or 'PxT' (P pfl worker "
+                      "processes x T torch threads; 'P' = cores // P threads, '1' = "
+                      "torch's default); default '1x1,1,<cores>x1' ('1' on one core)")
+  p.add_argument("--rounds", type=int, default=5)
+  p.add_argument("--warmup", type=int, default=1)
+  p.add_argument("--budget-s", type=float, default=60.0,
+                 help="fewer timed rounds (>= 2) when they would take longer")
+  p.add_argument("--max-round-s", type=float, default=300.0,
+                 help="skip a larger C when its predicted round (linear in C) is longer")
+  p.add_argument("--timeout-s", type=float, default=1800.0,
+                 help="per (config, model, C) measurement")
+  p.add_argument("--device", default="cpu", help="PFL_PYTORCH_DEVICE for the workers")
+  p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--json", default=None, help="write JSON here ('-' = stdout)")
+  p.add_argument("--check-training", action="store_true",
+                 help="check the models' shapes, one pfl round against a torch "
+                      "reference, and learning on a learnable synthetic task")
+  p.add_argument("--check-rounds", type=int, default=20)
+  p.add_argument("--clients-check", type=int, default=10)
+  # internal: one worker process of a measurement
+  p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+  p.add_argument("--model", default="mlp", help=argparse.SUPPRESS)
+  p.add_argument("--threads", type=int, default=0,
+                 help="torch threads in --check-training (0: torch's default)")
+  p.add_argument("--out", default=None, help=argparse.SUPPRESS)
+  a = p.parse_args(argv)
+  if a.rounds < 1 or a.warmup < 0:
+    p.error(f"--rounds {a.rounds} / --warmup {a.warmup}: use rounds >= 1, warmup >= 0")
+  if a.worker:
+    a.clients = int(a.clients)
+    return worker_main(a)
+  if a.check_training:
+    return check_main(a)
+  return bench_main(a)
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,94 @@
+"""XLA:CPU flags that fedjax_inv sets, each chosen by measurement (issue 30).
+
+``FLAGS`` maps an XLA flag name to its value. The settings were timed on the benchmark's
+rounds by ``benchmarks/cpu_flags.py``; the measurements and the choice are in
+``benchmarks/RESULTS.md`` ("XLA:CPU flags"). All of them are ``xla_cpu_*`` flags, which only
+the CPU backend reads: on a GPU or TPU they change nothing.
+
+:func:`apply` runs when ``fedjax_inv`` is imported. It merges ``FLAGS`` into the
+``XLA_FLAGS`` environment variable:
+
+* only where the user has not set that flag (a flag already in ``XLA_FLAGS`` wins);
+* only before JAX has started its backends (XLA reads ``XLA_FLAGS`` then, not at
+  ``import jax``); when they have started it adds nothing and says so in :func:`status`;
+* never when ``FEDJAX_INV_CPU_FLAGS=0`` (the switch; ``false``/``no``/``off`` also work).
+
+What was added is recorded in every run's ``summary.json`` (``jax.cpu_flags``) and in the
+benchmark's meta, through :func:`status`.
+"""
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+
+SWITCH = "FEDJAX_INV_CPU_FLAGS"
+FLAGS: dict[str, str] = {}
+_STATUS: dict = {"added": {}, "note": "not applied yet"}
+
+
+def _names(xla_flags: str) -> set[str]:
+  names = set()
+  for tok in shlex.split(xla_flags):
+    if tok.startswith("--"):
+      names.add(tok[2:].split("=", 1)[0])
+  return names
+
+
+def backends_started() -> bool:
+  """Whether JAX has created its backends (after which ``XLA_FLAGS`` has no effect)."""
+  if "jax" not in sys.modules:
+    return False
+  try:
+    from jax._src import xla_bridge
+    return bool(xla_bridge.backends_are_initialized())
+  except (ImportError, AttributeError):  # private API moved: assume the worst
+    return True
+
+
+def apply(environ=None, flags: dict[str, str] | None = None) -> dict[str, str]:
+  """Merges ``flags`` (default :data:`FLAGS`) into ``environ['XLA_FLAGS']``.
+
+  Args:
+    environ: the environment to edit (default ``os.environ``).
+    flags: ``{flag name: value}`` without the leading ``--``.
+
+  Returns:
+    ``{name: value}`` of the flags added (empty when switched off, when JAX's backends have
+    already started, or when the user set every one of them). Also kept for
+    :func:`status`.
+
+  Raises:
+    ValueError: an unparsable ``XLA_FLAGS`` (unbalanced quotes), naming it.
+  """
+  environ = os.environ if environ is None else environ
+  flags = FLAGS if flags is None else flags
+  if environ.get(SWITCH, "1").strip().lower() in ("0", "false", "no", "off"):
+    _STATUS.update(added={}, note=f"off ({SWITCH}={environ.get(SWITCH)})")
+    return {}
+  if not flags:
+    _STATUS.update(added={}, note="no flags chosen")
+    return {}
+  if backends_started():
+    _STATUS.update(added={}, note="JAX's backends had started before fedjax_inv was "
+                   "imported; XLA_FLAGS left as it was")
+    return {}
+  current = environ.get("XLA_FLAGS", "")
+  try:
+    have = _names(current)
+  except ValueError as e:
+    raise ValueError(f"XLA_FLAGS={current!r} cannot be parsed ({e}); fix its quoting, or "
+                     f"set {SWITCH}=0.") from None
+  added = {k: v for k, v in flags.items() if k not in have}
+  if added:
+    environ["XLA_FLAGS"] = " ".join([current.strip()] * bool(current.strip()) + [
+        f"--{k}={v}" for k, v in added.items()])
+  kept = sorted(set(flags) - set(added))
+  _STATUS.update(added=dict(added),
+                 note="applied" + (f"; the user's value kept for {kept}" if kept else ""))
+  return dict(added)
+
+
+def status() -> dict:
+  """``{'added': {name: value}, 'note': str, 'xla_flags': the XLA_FLAGS in effect}``."""
+  return dict(_STATUS, xla_flags=os.environ.get("XLA_FLAGS", ""))
