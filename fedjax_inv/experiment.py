@@ -30,7 +30,7 @@ import time
 
 import jax
 
-from fedjax_inv import report, xla_cpu
+from fedjax_inv import outputs, xla_cpu
 
 
 def _final_metrics(task) -> list[str]:
@@ -356,7 +356,7 @@ def run_experiment(cfg: dict, progress: bool = True, overrides=None,
   # -- everything checked: create the output folder (never someone else's) --
   import json
   if out is not None and not resume:
-    report.check_out_dir(out, overwrite)
+    outputs.check_out_dir(out, overwrite)
   if out is None:
     out = default_out(task.name, algos)
     out.mkdir(parents=True, exist_ok=False)
@@ -367,13 +367,13 @@ def run_experiment(cfg: dict, progress: bool = True, overrides=None,
                        f"resume it with `fedjax-inv run --resume {out}` alone.")
   else:
     if overwrite:
-      report.remove_run_dir(out)
+      outputs.remove_run_dir(out)
     out.mkdir(parents=True, exist_ok=True)
-  (out / report.MARKER).write_text("written by fedjax-inv\n")
-  report.write_json(out / "config.json", resolved)
+  (out / outputs.MARKER).write_text("written by fedjax-inv\n")
+  outputs.write_json(out / "config.json", resolved)
   done = _load_finished(out, names, seeds) if resume else {}
   metrics_path = out / "metrics.jsonl"
-  report.write_jsonl(metrics_path, [
+  outputs.write_jsonl(metrics_path, [
       {"algorithm": a, "seed": s, **h} for (a, s), r in done.items() for h in r["history"]])
   print(f"task {task.name}: {task.train.num_clients} training clients "
         f"(sizes {list(map(int, task.train.n))}), eval sets {list(task.eval_sets)}; "
@@ -396,7 +396,7 @@ def run_experiment(cfg: dict, progress: bool = True, overrides=None,
                  "error": str(res), "hparams": built[a].hparams, "data": task.info,
                  "history": res.history}
       runs.append(summary)
-      report.write_json(_run_dir(out, a, s) / "summary.json",
+      outputs.write_json(_run_dir(out, a, s) / "summary.json",
                         {k: v for k, v in summary.items() if k != "history"})
       status = "diverged"
       print(f"  {a:18s} seed {s}: DIVERGED at round {res.round} (train objective not "
@@ -407,7 +407,7 @@ def run_experiment(cfg: dict, progress: bool = True, overrides=None,
                "seconds": round(res.seconds, 2), "data": task.info,
                "history": res.history}
     runs.append(summary)
-    report.write_json(_run_dir(out, a, s) / "summary.json",
+    outputs.write_json(_run_dir(out, a, s) / "summary.json",
                       {k: v for k, v in summary.items() if k != "history"})
     f = res.final
     acc = " ".join(f"{k}={v:.3f}" for k, v in f.items()
@@ -464,7 +464,7 @@ def run_experiment(cfg: dict, progress: bool = True, overrides=None,
           rs, hs = sweep_lib.replica_hparams(pl, [(point_of[lab], s) for lab, s in todo])
           results = run_replicas(
               task, pl.structure, seeds=rs, hparams=hs, callback=lambda i, entry:
-              report.append_jsonl(metrics_path, {"algorithm": todo[i][0],
+              outputs.append_jsonl(metrics_path, {"algorithm": todo[i][0],
                                                  "seed": todo[i][1], **entry}),
               **common)
           for (lab, s), res in zip(todo, results):
@@ -479,7 +479,7 @@ def run_experiment(cfg: dict, progress: bool = True, overrides=None,
           print(f"  {a:18s} seeds {todo}: batched as one program (--replicas "
                 f"{replicas})", file=stream)
           results = run_replicas(task, built[a], seeds=todo, callback=lambda s, entry, a=a:
-                                 report.append_jsonl(metrics_path,
+                                 outputs.append_jsonl(metrics_path,
                                                      {"algorithm": a, "seed": s, **entry}),
                                  **common)
           for s, res in zip(todo, results):
@@ -488,7 +488,7 @@ def run_experiment(cfg: dict, progress: bool = True, overrides=None,
           continue
         for s in todo:
           def stream_row(entry, a=a, s=s):
-            report.append_jsonl(metrics_path, {"algorithm": a, "seed": s, **entry})
+            outputs.append_jsonl(metrics_path, {"algorithm": a, "seed": s, **entry})
 
           ckpt = _run_dir(out, a, s) / "checkpoint"
           try:
@@ -503,7 +503,7 @@ def run_experiment(cfg: dict, progress: bool = True, overrides=None,
   ok = [r for r in runs if r.get("status", "ok") == "ok"]
   extra, printed_extra = report_columns(task, rep, rounds)
   metrics = _final_metrics(task) + extra
-  table = report.comparison_table(ok, metrics)
+  table = outputs.comparison_table(ok, metrics)
   if len(names) * len(seeds) == 1 and runs:
     summary = {k: v for k, v in runs[0].items() if k != "history"}
   else:
@@ -535,20 +535,20 @@ def run_experiment(cfg: dict, progress: bool = True, overrides=None,
   summary["command"] = " ".join(sys.argv)
   summary["provenance"] = provenance()
   summary["config"] = resolved
-  report.write_json(out / "summary.json", summary)
+  outputs.write_json(out / "summary.json", summary)
   if ok:
     failed = "".join(f"\n{r['algorithm']} seed {r['seed']}: diverged at round "
                      f"{r['diverged_round']} (left out of the table)\n"
                      for r in runs if r.get("status") == "diverged")
-    report.write_text_atomic(out / "results.md",
-                             report.format_table(table, metrics) + "\n" + failed)
-    report.write_text_atomic(out / "results.csv", report.table_csv(table, metrics))
-    report.plot_curves(out / "curves.png", [r for r in ok if r["history"]],
+    outputs.write_text_atomic(out / "results.md",
+                             outputs.format_table(table, metrics) + "\n" + failed)
+    outputs.write_text_atomic(out / "results.csv", outputs.table_csv(table, metrics))
+    outputs.plot_curves(out / "curves.png", [r for r in ok if r["history"]],
                        title=f"{task.name}: {', '.join(algos)} ({len(seeds)} seed(s), "
                              f"{rounds} rounds)",
                        sets=("train",) + tuple(task.eval_sets))
     printed = metrics[: 1 + len(task.eval_sets)] + printed_extra
-    print("\n" + report.format_table(table, printed, markdown=False), file=stream)
+    print("\n" + outputs.format_table(table, printed, markdown=False), file=stream)
   print(f"\nwrote {out}/ (summary.json, metrics.jsonl, results.md, curves.png) in "
         f"{time.perf_counter() - t0:.0f}s" + ("" if status == "ok" else
                                               f"; status: {status}"), file=stream)
@@ -586,7 +586,7 @@ def run_holdout_experiment(cfg: dict, progress: bool = True, overrides=None,
                      "--holdout; run one algorithm per --holdout run, with plain NAME=VALUE.")
   overwrite = bool(cfg.get("overwrite"))
   if cfg.get("out"):
-    report.check_out_dir(cfg["out"], overwrite)
+    outputs.check_out_dir(cfg["out"], overwrite)
   holdout = str(cfg["holdout"])
   # Strings: a domain name wins over an index ('75' is RotatedMNIST's 75° domain, not
   # index 75); a digit string that names no domain is an index (lodo._domain_name).
@@ -607,7 +607,7 @@ def run_holdout_experiment(cfg: dict, progress: bool = True, overrides=None,
   if cfg.get("out"):
     out = pathlib.Path(cfg["out"])
     if overwrite:
-      report.remove_run_dir(out)  # only a folder fedjax-inv wrote (checked above)
+      outputs.remove_run_dir(out)  # only a folder fedjax-inv wrote (checked above)
   else:
     out = default_out(str(cfg["task"]), ["lodo"])
   lodo.write_lodo_outputs(out, result)

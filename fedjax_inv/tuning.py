@@ -33,7 +33,7 @@ from typing import Optional
 
 import numpy as np
 
-from fedjax_inv import report
+from fedjax_inv import outputs
 
 SELECTION = {"binary": ("val_mean_client_accuracy", "max"),
              "multiclass": ("val_mean_client_accuracy", "max"),
@@ -131,7 +131,7 @@ def _run_one(path: pathlib.Path, key: dict, task, algorithm: str, settings: dict
                seconds=round(res.seconds, 2), execution=res.strategy, **res.report())
   except DivergedError as e:
     rec.update(status="diverged", diverged_round=e.round, final=None, history=e.history)
-  report.write_json(path, rec)
+  outputs.write_json(path, rec)
   return rec
 
 
@@ -193,7 +193,7 @@ def tune_row(out, *, task: str, algorithms, rounds: int, protocol: Protocol,
                 for k, r in {**hp.search_space(names[a]), **own[a].space}.items()
                 if k not in set(protocol.exclude) | set(pick(fixed, a))} for a in algos}
   out = pathlib.Path(out)
-  if out.exists() and any(out.iterdir()) and not (out / report.MARKER).exists():
+  if out.exists() and any(out.iterdir()) and not (out / outputs.MARKER).exists():
     raise ValueError(f"{str(out)!r} is a non-empty folder that fedjax-inv did not write; "
                      "choose a new or empty folder (nothing was changed).")
   first = _task(task, protocol.tuning_seeds[0], task_kwargs, protocol.val_fraction)
@@ -205,8 +205,8 @@ def tune_row(out, *, task: str, algorithms, rounds: int, protocol: Protocol,
   kind = first.kind
   sel_key, sense = SELECTION[kind]
   out.mkdir(parents=True, exist_ok=True)
-  (out / report.MARKER).write_text("written by fedjax-inv tuning\n")
-  report.write_json(out / "protocol.json", {
+  (out / outputs.MARKER).write_text("written by fedjax-inv tuning\n")
+  outputs.write_json(out / "protocol.json", {
       "task": task, "task_kwargs": task_kwargs, "algorithms": algos,
       "registry_names": names, "rounds": rounds,
       "eval_every": eval_every, "clients_per_round": clients_per_round,
@@ -250,7 +250,7 @@ def tune_row(out, *, task: str, algorithms, rounds: int, protocol: Protocol,
     else:  # one trial: nothing to select, so nothing runs on the tuning seeds
       best = 0
       selected[a] = {"trial": 0, "point": {}, "score": None, "scores": []}
-    report.write_json(out / "selected.json", selected)
+    outputs.write_json(out / "selected.json", selected)
     reported = [("", best)] + ([("starting-", 0)] if report_start and best != 0 else [])
     for prefix, trial in reported:
       settings = {**pick(base, a), **pick(fixed, a), **points[a][trial]}

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from fedjax_inv import cli, report
+from fedjax_inv import cli, outputs
 
 T = ["run", "--task", "linear_regression", "--rounds", "2", "--no-progress"]
 P = ["run", "--task", "linear_regression", "--algorithm", "fedprox", "--rounds", "2",
@@ -99,7 +99,7 @@ def workdir(tmp_path, monkeypatch):
   (tmp_path / "thesis").mkdir()
   (tmp_path / "thesis" / "thesis.tex").write_text("\\chapter{keep me}\n")
   (tmp_path / "old_run").mkdir()
-  (tmp_path / "old_run" / report.MARKER).write_text("x\n")
+  (tmp_path / "old_run" / outputs.MARKER).write_text("x\n")
   (tmp_path / "old_run" / "summary.json").write_text("{}\n")
   cfgs = {"lr_abc.yaml": 'task: linear_regression\nlr: "abc"\n',
           "rounds0.yaml": "task: linear_regression\nrounds: 0\n",

@@ -4,26 +4,26 @@ import json
 
 import pytest
 
-from fedjax_inv import cli, experiment, report
+from fedjax_inv import cli, experiment, outputs
 
 
 def test_check_out_dir_refuses_files_and_foreign_folders(tmp_path):
   f = tmp_path / "notes.txt"
   f.write_text("x")
   with pytest.raises(ValueError, match="existing file"):
-    report.check_out_dir(f)
+    outputs.check_out_dir(f)
   mine = tmp_path / "thesis"
   mine.mkdir()
   (mine / "thesis.tex").write_text("keep")
   for overwrite in (False, True):
     with pytest.raises(ValueError, match="did not create"):
-      report.check_out_dir(mine, overwrite=overwrite)
+      outputs.check_out_dir(mine, overwrite=overwrite)
   with pytest.raises(ValueError, match="did not create"):
-    report.remove_run_dir(mine)
+    outputs.remove_run_dir(mine)
   assert (mine / "thesis.tex").read_text() == "keep"
   (tmp_path / "empty").mkdir()
-  report.check_out_dir(tmp_path / "empty")  # empty: fine
-  report.check_out_dir(tmp_path / "new")  # absent: fine, and not created
+  outputs.check_out_dir(tmp_path / "empty")  # empty: fine
+  outputs.check_out_dir(tmp_path / "new")  # absent: fine, and not created
   assert not (tmp_path / "new").exists()
 
 
@@ -33,18 +33,18 @@ def test_atomic_dir_never_replaces_a_folder_it_did_not_create(tmp_path):
   user.mkdir()
   (user / "data.csv").write_text("precious")
   with pytest.raises(ValueError, match="did not create"):
-    with report.atomic_dir(user, overwrite=True) as tmp:
+    with outputs.atomic_dir(user, overwrite=True) as tmp:
       (tmp / "a.txt").write_text("new")
   assert (user / "data.csv").read_text() == "precious"
   assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no temp folder left
   fresh = tmp_path / "fresh"
-  with report.atomic_dir(fresh) as tmp:
+  with outputs.atomic_dir(fresh) as tmp:
     (tmp / "a.txt").write_text("1")
-  assert (fresh / report.MARKER).exists()
+  assert (fresh / outputs.MARKER).exists()
   with pytest.raises(ValueError, match="--overwrite"):
-    with report.atomic_dir(fresh, overwrite=False) as tmp:
+    with outputs.atomic_dir(fresh, overwrite=False) as tmp:
       pass
-  with report.atomic_dir(fresh, overwrite=True) as tmp:  # ours: may be replaced
+  with outputs.atomic_dir(fresh, overwrite=True) as tmp:  # ours: may be replaced
     (tmp / "a.txt").write_text("2")
   assert (fresh / "a.txt").read_text() == "2"
 

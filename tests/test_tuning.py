@@ -86,8 +86,8 @@ def _fake_records(scores):
       final = None
     rec = {"key": key, "algorithm": label, "hparams": dict(settings), "status": "ok",
            "final": final, "history": []}
-    from fedjax_inv import report
-    report.write_json(path, rec)
+    from fedjax_inv import outputs
+    outputs.write_json(path, rec)
     return rec
   return fake, calls
 

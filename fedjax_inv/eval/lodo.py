@@ -24,7 +24,7 @@ accuracy at the round chosen by each selection method (over the evaluated rounds
 
 Results are tabulated like the papers' tables: per (selection, algorithm) one row with a
 column per held-out domain and ``avg``, each ``mean ± std`` over seeds (population std,
-``ddof=0``, as ``fedjax_inv.report``); ``avg`` is the mean over held-out domains computed
+``ddof=0``, as ``fedjax_inv.outputs``); ``avg`` is the mean over held-out domains computed
 per seed, then mean ± std over seeds. Accuracies are fractions in [0, 1] in the result
 dict and CSV, and percentages in the markdown table.
 """
@@ -37,7 +37,7 @@ from typing import Sequence
 
 import numpy as np
 
-from fedjax_inv import report
+from fedjax_inv import outputs
 
 __all__ = ["SELECTIONS", "format_lodo_markdown", "lodo_csv", "run_lodo", "select_rounds",
            "write_lodo_outputs"]
@@ -363,12 +363,12 @@ def lodo_table(result: dict) -> list[dict]:
             vals.append(v)
             per_seed[r["seed"]].append(v)
         if vals:
-          m, sd = report.mean_std(vals)
+          m, sd = outputs.mean_std(vals)
           cells[h] = {"mean": m, "std": sd, "values": vals}
       avgs = [float(np.mean(v)) for v in per_seed.values()
               if v and len(v) == len(result["holdouts"])]
       if avgs:
-        m, sd = report.mean_std(avgs)
+        m, sd = outputs.mean_std(avgs)
         cells["avg"] = {"mean": m, "std": sd, "values": avgs}
       rows.append({"selection": sel, "algorithm": a, "seeds": len(result["seeds"]),
                    "cells": cells})
@@ -431,7 +431,7 @@ def write_lodo_outputs(out_dir, result: dict) -> pathlib.Path:
   """Writes ``results.md``, ``results.csv``, ``summary.json`` (everything in ``result``
   but the per-round histories: per-domain numbers, selection methods, seeds, task info)
   and ``metrics.jsonl`` (one line per evaluated round with ``holdout``, ``algorithm``,
-  ``seed``) into ``out_dir`` atomically (``fedjax_inv.report.atomic_dir``: a half-written
+  ``seed``) into ``out_dir`` atomically (``fedjax_inv.outputs.atomic_dir``: a half-written
   folder never replaces an existing one). Returns ``out_dir`` as a ``pathlib.Path``."""
   import jax
 
@@ -444,9 +444,9 @@ def write_lodo_outputs(out_dir, result: dict) -> pathlib.Path:
   rows = [{"holdout": r["holdout"], "algorithm": r["algorithm"], "seed": r["seed"], **h}
           for r in result["runs"] for h in r.get("history", [])]
   out = pathlib.Path(out_dir)
-  with report.atomic_dir(out) as tmp:
+  with outputs.atomic_dir(out) as tmp:
     (tmp / "results.md").write_text(format_lodo_markdown(result) + "\n")
     (tmp / "results.csv").write_text(lodo_csv(result))
-    report.write_json(tmp / "summary.json", summary)
-    report.write_jsonl(tmp / "metrics.jsonl", rows)
+    outputs.write_json(tmp / "summary.json", summary)
+    outputs.write_jsonl(tmp / "metrics.jsonl", rows)
   return out

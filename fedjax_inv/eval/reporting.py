@@ -28,7 +28,7 @@ What comes back (``RunResult`` and ``summary.json``):
   ``<group>_accuracy_entropy`` across the pooled accuracies of the sets of each
   ``fairness_groups`` entry (FedILC Table 3 over Rotated-CIFAR10's 9 sub-environments).
 
-Table columns (``fedjax_inv.report``): ``'ood_accuracy'`` is the last round,
+Table columns (``fedjax_inv.outputs``): ``'ood_accuracy'`` is the last round,
 ``'ood_accuracy@min:ood_loss'`` the selected round, ``'ood_accuracy@last20'`` the
 last-20 mean (see :func:`column_value`).
 """
