@@ -1,4 +1,6 @@
-"""The benchmark harness (``harness.py``, behind ``fedjax-inv bench``) and its scripts.
+"""The benchmark harness (``harness.py``, behind ``fedjax-inv bench``), its modules
+(``workloads``, ``loop_round``: the ``loop`` baseline, ``timing``, ``flops``, ``rss``,
+``runs``, ``peers``, ``summary``, ``plots``) and its scripts.
 
 This folder is installed as the package ``fedjax_inv.benchmarks`` (``pyproject.toml``:
 ``package-dir``), so ``fedjax-inv bench`` and ``from fedjax_inv.benchmarks import

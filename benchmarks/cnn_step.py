@@ -2,7 +2,7 @@
 
 Times 5 SGD steps (batch 32, lr 0.1) of ``models.cnn(1)`` (56,394 parameters) on one
 client's 64 MNIST-shaped examples inside ``lax.scan``: the unit of work of ``cnn_fedavg``
-in ``benchmarks/harness.py``. Variants alternate in one process (A, B, A, B, ...) so that
+in ``benchmarks/workloads.py``. Variants alternate in one process (A, B, A, B, ...) so that
 load on the machine hits each alike; the median of each is reported with the ratio to the
 first. XLA flags apply per process, so ``--xla-flags`` runs a child per flag setting.
 

@@ -1,6 +1,6 @@
 """Per-op profile of one benchmark round (issue 30, item 3): the top XLA ops by time.
 
-Builds the round of a ``benchmarks/harness.py`` workload (default ``cnn_fedavg``: FedAvg,
+Builds the round of a ``benchmarks/workloads.py`` workload (default ``cnn_fedavg``: FedAvg,
 ``models.cnn(1)``, 64 examples per client, 5 local SGD steps of 32) at cohort ``C``
 (default 100) for one strategy, compiles it, runs a warm-up round, then traces ``--rounds``
 rounds with ``jax.profiler.trace`` and sums the trace events by name and by kind (the

@@ -144,6 +144,7 @@ VIEWS = {
         metrics={"test acc. 0°": "selected:max:val_mean_client_accuracy:ood_accuracy",
                  "last round": "ood_accuracy", "val acc.": "val_mean_client_accuracy"})),
     "fedilc": ("fedilc", None, {}),
+    "fedsr_cpu_r500": ("fedsr", None, {}),
     "fig3_epochs": ("invariant_fedavg", None, {}),
     "fig3_clients": ("invariant_fedavg", None, {}),
     "fedsr_cpu": ("fedsr", "fedsr_cpu", dict(
@@ -247,6 +248,8 @@ def render(view: str) -> str:
     return summary()
   if view == "fedilc":  # FedILC's rows: the published configuration, no tuning
     return _script("fedilc/run.py").table_text().rstrip("\n")
+  if view == "fedsr_cpu_r500":  # FedSR Table 1 on the CPU: run_cpu.sh's per-domain runs
+    return _script("fedsr/table.py").raw_table(HERE / "fedsr" / "cpu_r500_persistent")
   if view in ("fig3_epochs", "fig3_clients"):  # Fig. 3 sweeps: shared settings, no tuning
     import json
     name = view.split("_")[1]

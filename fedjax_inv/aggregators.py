@@ -5,7 +5,8 @@ client's message and weight to a pytree of *summable* statistics; the engine add
 statistics over clients (in any order and grouping: all at once under ``vmap``, one client
 at a time under ``scan``, chunk by chunk, or across devices), and ``finalize`` turns the
 sums into the aggregate. Because the only combine step is ``+``, every execution strategy
-gives the same numbers up to float32 summation order (DESIGN.md §1).
+gives the same numbers up to float32 summation order (docs/ARCHITECTURE.md, 'A round is a
+map-reduce over a client axis').
 
 Absent clients (weight 0) and masked examples (mask 0) are dropped with ``where``, never
 by multiplying by 0: their messages are replaced by a finite constant before any

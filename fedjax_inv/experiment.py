@@ -204,6 +204,14 @@ def _run_dir(out: pathlib.Path, a: str, s: int) -> pathlib.Path:
   return out / a / f"seed{s}"
 
 
+def _batch_dir(out: pathlib.Path, algo: str, todo) -> pathlib.Path:
+  """The checkpoint folder of one batched group of runs (``--replicas batched``): named by
+  a hash of its (label, seed) list, so a resume with the same runs finds it."""
+  import hashlib
+  tag = hashlib.sha1(repr([(str(a), int(s)) for a, s in todo]).encode()).hexdigest()[:12]
+  return out / algo / f"batch-{tag}" / "checkpoint"
+
+
 def _load_finished(out: pathlib.Path, algos, seeds) -> dict:
   """Runs of a previous attempt that completed (their per-run summary.json exists),
   with their history from metrics.jsonl: ``{(algorithm, seed): run dict}``."""
@@ -234,14 +242,17 @@ def run_experiment(cfg: dict, progress: bool = True, overrides=None,
   ``cfg`` keys: see ``fedjax_inv.config.RUN_KEYS`` (checked by
   ``fedjax_inv.config.check_run_config``); also ``reporting`` ('auto' | 'none'), ``select``
   and ``last_k`` (:func:`run_reporting`), ``overwrite``, ``checkpoint_every`` (save the
-  current run's state every N rounds in ``<algorithm>/seed<s>/checkpoint/``) and
-  ``resume`` (a folder of an earlier, interrupted run of the same config: finished runs
-  are kept, the current one continues from its checkpoint, the others run).
+  current run's state every N rounds in ``<algorithm>/seed<s>/checkpoint/``, or a
+  batch's in ``<algorithm>/batch-<hash>/checkpoint/``) and ``resume`` (a folder of an
+  earlier, interrupted run of the same config: finished runs are kept, the current one
+  continues from its checkpoint, the others run).
   ``overrides``: algorithm hyperparameters set by the user (they win over the task's
   defaults; ``ALGORITHM.NAME`` keys apply to one algorithm, :func:`split_overrides`).
 
-  Everything is validated (config, names, sizes, hyperparameters, the output folder)
-  before the first compile and before anything is written. Outputs are streamed:
+  Three steps: :func:`plan_experiment` (every check, the runs; nothing written or
+  compiled), :func:`open_output` (the folder, ``config.json``, the finished runs of a
+  resumed attempt), :func:`execute` (each group of runs batched as one program or one
+  after another, with the reason), then the summary files. Outputs are streamed:
   ``metrics.jsonl`` gets a line per evaluation, ``<algorithm>/seed<s>/summary.json`` is
   written when a run ends, the aggregate files when all end (or on Ctrl-C). A run whose
   train objective becomes non-finite is recorded with ``status: 'diverged'`` and its
@@ -255,39 +266,27 @@ def run_experiment(cfg: dict, progress: bool = True, overrides=None,
     KeyboardInterrupt: re-raised after the finished runs were written
       (``summary['status'] == 'interrupted'``).
   """
-  from fedjax_inv import config
-  from fedjax_inv.algorithms import make_algorithm
-  from fedjax_inv.core.engine import resolve_strategy
-  from fedjax_inv.simulation import DivergedError, run
-  from fedjax_inv.tasks import make_task
   stream = stream or sys.stdout
+  pl = plan_experiment(cfg, overrides)
+  out, done = open_output(pl, stream)
+  rec = _Recorder(pl, out, stream)
+  t0 = time.perf_counter()
+  try:
+    execute(pl, out, done, rec, progress, stream)
+  except KeyboardInterrupt:
+    rec.status = "interrupted"
+  summary = write_summary(pl, out, rec, stream)
+  print(f"\nwrote {out}/ (summary.json, metrics.jsonl, results.md, curves.png) in "
+        f"{time.perf_counter() - t0:.0f}s" + ("" if rec.status == "ok" else
+                                              f"; status: {rec.status}"), file=stream)
+  if rec.status == "interrupted":
+    raise KeyboardInterrupt(str(out))
+  return summary
 
-  cfg = config.check_run_config(cfg)
-  algos = [a.strip() for a in str(cfg.get("algorithm", "fedavg")).split(",") if a.strip()]
-  seed0 = int(cfg.get("seed") or 0)
-  nseeds = int(cfg["seeds"]) if cfg.get("seeds") is not None else 1
-  seeds = list(range(seed0, seed0 + nseeds))
-  resume = cfg.get("resume")
-  overwrite = bool(cfg.get("overwrite"))
-  if resume:
-    out = pathlib.Path(resume)
-    if not (out / "config.json").is_file():
-      raise ValueError(f"--resume {str(resume)!r}: no config.json there; give the folder "
-                       "of an earlier `fedjax-inv run`.")
-  elif cfg.get("out"):
-    out = pathlib.Path(cfg["out"])
-  else:
-    out = None
-  if (cfg.get("execution") or "auto") != "probe":
-    resolve_strategy(cfg.get("execution") or "auto", 1)
-  # cfg's own lr / hp / ... keys count (API calls with a config dict), then ``overrides``
-  derived = config.algorithm_overrides(cfg)
-  extra_hp = [f"{k}={__import__('json').dumps(v)}" for k, v in (overrides or {}).items()
-              if k not in derived or derived[k] != v]
-  overrides = {**derived, **(overrides or {})}
-  per_algo = split_overrides(overrides, algos)
-  for a in algos:
-    check_hparams(a, {k: v for k, v in per_algo[a].items()})
+
+def _sweep_points(cfg: dict, algos, per_algo: dict):
+  """``(specs, points, search_info)`` of ``--sweep`` / ``--search`` per algorithm (one
+  point ``{}`` without either), every point checked (:func:`check_hparams`)."""
   from fedjax_inv import sweep as sweep_lib
   parsed = sweep_lib.parse_sweep(cfg.get("sweep"))
   for scope in parsed:
@@ -296,6 +295,7 @@ def run_experiment(cfg: dict, progress: bool = True, overrides=None,
                        f"({', '.join(algos)}).")
   specs = {a: sweep_lib.spec_for(parsed, a) for a in algos}
   pts = {a: sweep_lib.points(specs[a]) for a in algos}
+  search_info = None
   if cfg.get("search"):  # random search from the registry (algorithms/hparams.py)
     if cfg.get("sweep"):
       raise ValueError("--search and --sweep both given; use one (--search draws its "
@@ -313,22 +313,17 @@ def run_experiment(cfg: dict, progress: bool = True, overrides=None,
                        "--lr, ...); give each name once.")
     for p in pts[a]:
       check_hparams(a, p, flag="--search" if cfg.get("search") else "--sweep")
-  task = make_task(cfg["task"], data_dir=cfg.get("data_dir"),
-                   source=cfg.get("source") or "auto",
-                   download=bool(cfg.get("download")), seed=seed0)
-  def given(key, default):  # None = not given; 0 was refused by check_run_config
-    return default if cfg.get(key) is None else cfg[key]
-  rounds = int(given("rounds", task.defaults.get("rounds", 100)))
-  eval_every = given("eval_every", task.defaults.get("eval_every"))
-  cohort = int(given("clients_per_round", task.train.num_clients))
-  if not 1 <= cohort <= task.train.num_clients:
-    raise ValueError(f"--clients-per-round {cohort}: the task has "
-                     f"{task.train.num_clients} training clients.")
-  built = {}     # run label (the algorithm, or 'algorithm@name=value,...') -> Algorithm
-  plans = {}     # algorithm -> sweep_lib.Plan (one point, {}, without --sweep)
-  labels = {}    # algorithm -> its run labels, in grid order
+  return specs, pts, search_info
+
+
+def _build_algorithms(algos, per_algo: dict, pts: dict, task):
+  """``(plans, labels, built)``: per algorithm its ``sweep.Plan`` and run labels (the
+  algorithm, or 'algorithm@name=value,...'), and every label's ``Algorithm``."""
+  from fedjax_inv import sweep as sweep_lib
+  from fedjax_inv.algorithms import make_algorithm
+  plans, labels, built = {}, {}, {}
   for a in algos:
-    make = lambda p, a=a: make_algorithm(a, **task.algorithm_settings(
+    make = lambda p, a=a: make_algorithm(a, **task.algorithm_settings(  # noqa: E731
         a, {**per_algo[a], **p}))
     try:
       plans[a] = sweep_lib.plan(a, make, pts[a])
@@ -339,9 +334,63 @@ def run_experiment(cfg: dict, progress: bool = True, overrides=None,
       raise
     labels[a] = [sweep_lib.label(a, p) for p in plans[a].points]
     built.update(zip(labels[a], plans[a].concrete))
-  names = [lab for a in algos for lab in labels[a]]
-  rep = run_reporting(cfg, task)
+  return plans, labels, built
+
+
+def plan_experiment(cfg: dict, overrides=None):
+  """The planner of :func:`run_experiment`: checks everything (config, names, sizes,
+  hyperparameters, sweep / search points, reporting) and builds the task and every run's
+  ``Algorithm``, before any compile and before anything is written.
+
+  Returns:
+    a namespace: ``cfg`` (checked), ``algos``, ``seeds``, ``task``, ``rounds``,
+    ``eval_every``, ``cohort``, ``plans`` / ``labels`` / ``built`` (per algorithm: its
+    ``sweep.Plan``, its run labels; per label: its ``Algorithm``), ``names`` (every
+    label), ``rep`` (the ``Reporting``), ``resolved`` (the config written to
+    ``config.json``), ``search_info``, ``replicas`` and ``batched`` (seeds / traced
+    points run as one vmapped program), ``out`` / ``resume`` / ``overwrite``.
+
+  Raises:
+    ValueError: anything :func:`run_experiment` refuses.
+  """
+  import types
+  from fedjax_inv import config
+  from fedjax_inv.core.engine import resolve_strategy
   from fedjax_inv.eval import reporting as rlib
+  from fedjax_inv.tasks import make_task
+  cfg = config.check_run_config(cfg)
+  algos = [a.strip() for a in str(cfg.get("algorithm", "fedavg")).split(",") if a.strip()]
+  seed0 = int(cfg.get("seed") or 0)
+  nseeds = int(cfg["seeds"]) if cfg.get("seeds") is not None else 1
+  resume = cfg.get("resume")
+  if resume and not (pathlib.Path(resume) / "config.json").is_file():
+    raise ValueError(f"--resume {str(resume)!r}: no config.json there; give the folder "
+                     "of an earlier `fedjax-inv run`.")
+  out = pathlib.Path(resume or cfg.get("out")) if resume or cfg.get("out") else None
+  if (cfg.get("execution") or "auto") != "probe":
+    resolve_strategy(cfg.get("execution") or "auto", 1)
+  # cfg's own lr / hp / ... keys count (API calls with a config dict), then ``overrides``
+  derived = config.algorithm_overrides(cfg)
+  extra_hp = [f"{k}={__import__('json').dumps(v)}" for k, v in (overrides or {}).items()
+              if k not in derived or derived[k] != v]
+  per_algo = split_overrides({**derived, **(overrides or {})}, algos)
+  for a in algos:
+    check_hparams(a, dict(per_algo[a]))
+  _, pts, search_info = _sweep_points(cfg, algos, per_algo)
+  task = make_task(cfg["task"], data_dir=cfg.get("data_dir"),
+                   source=cfg.get("source") or "auto",
+                   download=bool(cfg.get("download")), seed=seed0)
+
+  def given(key, default):  # None = not given; 0 was refused by check_run_config
+    return default if cfg.get(key) is None else cfg[key]
+  rounds = int(given("rounds", task.defaults.get("rounds", 100)))
+  eval_every = given("eval_every", task.defaults.get("eval_every"))
+  cohort = int(given("clients_per_round", task.train.num_clients))
+  if not 1 <= cohort <= task.train.num_clients:
+    raise ValueError(f"--clients-per-round {cohort}: the task has "
+                     f"{task.train.num_clients} training clients.")
+  plans, labels, built = _build_algorithms(algos, per_algo, pts, task)
+  rep = run_reporting(cfg, task)
   rlib.check(rep, task)
   # The resolved config (summary.json['config']; `fedjax-inv run --config summary.json`).
   resolved = {k: v for k, v in cfg.items()
@@ -353,208 +402,265 @@ def run_experiment(cfg: dict, progress: bool = True, overrides=None,
     resolved["eval_every"] = int(eval_every)
   if extra_hp:  # API overrides: recorded so that the config reproduces the run
     resolved["hp"] = list(resolved.get("hp") or []) + extra_hp
-  # -- everything checked: create the output folder (never someone else's) --
+  replicas = cfg.get("replicas") or "auto"
+  return types.SimpleNamespace(
+      cfg=cfg, algos=algos, seeds=list(range(seed0, seed0 + nseeds)), task=task,
+      rounds=rounds, eval_every=eval_every, cohort=cohort, plans=plans, labels=labels,
+      built=built, names=[lab for a in algos for lab in labels[a]], rep=rep,
+      resolved=resolved, search_info=search_info, replicas=replicas,
+      batched=replicas == "batched" or (replicas == "auto"
+                                        and jax.default_backend() != "cpu"),
+      out=out, resume=resume, overwrite=bool(cfg.get("overwrite")), sweep_notes={},
+      ran_batched=False)
+
+
+def open_output(pl, stream):
+  """Creates (or, with ``--resume``, reopens) the output folder — never someone else's —
+  writes the marker and ``config.json``, and rewrites ``metrics.jsonl`` with the rows of
+  the runs a resumed attempt finished.
+
+  Returns:
+    ``(out, done)``: the folder and ``{(label, seed): run dict}`` of finished runs.
+
+  Raises:
+    ValueError: the folder may not be written (not ours, not empty) or, with
+      ``--resume``, holds a different config — nothing written.
+  """
   import json
-  if out is not None and not resume:
-    outputs.check_out_dir(out, overwrite)
+  out = pl.out
+  if out is not None and not pl.resume:
+    outputs.check_out_dir(out, pl.overwrite)
   if out is None:
-    out = default_out(task.name, algos)
+    out = default_out(pl.task.name, pl.algos)
     out.mkdir(parents=True, exist_ok=False)
-  elif resume:
+  elif pl.resume:
     saved = json.loads((out / "config.json").read_text())
-    if {k: v for k, v in saved.items() if k != "out"} != resolved:
+    if {k: v for k, v in saved.items() if k != "out"} != pl.resolved:
       raise ValueError(f"--resume {str(out)!r}: the folder holds a different config; "
                        f"resume it with `fedjax-inv run --resume {out}` alone.")
   else:
-    if overwrite:
+    if pl.overwrite:
       outputs.remove_run_dir(out)
     out.mkdir(parents=True, exist_ok=True)
   (out / outputs.MARKER).write_text("written by fedjax-inv\n")
-  outputs.write_json(out / "config.json", resolved)
-  done = _load_finished(out, names, seeds) if resume else {}
-  metrics_path = out / "metrics.jsonl"
-  outputs.write_jsonl(metrics_path, [
+  outputs.write_json(out / "config.json", pl.resolved)
+  done = _load_finished(out, pl.names, pl.seeds) if pl.resume else {}
+  outputs.write_jsonl(out / "metrics.jsonl", [
       {"algorithm": a, "seed": s, **h} for (a, s), r in done.items() for h in r["history"]])
+  task = pl.task
   print(f"task {task.name}: {task.train.num_clients} training clients "
         f"(sizes {list(map(int, task.train.n))}), eval sets {list(task.eval_sets)}; "
         f"data: {task.info.get('data_note', task.info.get('dataset_source', 'generated'))}"
         f"; writing {out}/", file=stream)
-  runs = []
-  status = "ok"
-  t0 = time.perf_counter()
-  replicas = cfg.get("replicas") or "auto"
-  batched = replicas == "batched" or (replicas == "auto" and jax.default_backend() != "cpu")
-  if cfg.get("checkpoint_every"):
-    batched = False  # checkpoints are per run
-  ran_batched = False
+  return out, done
 
-  def record(a, s, res, base, ckpt):
-    nonlocal status
+
+class _Recorder:
+  """Collects the finished runs of :func:`execute` (``runs``, ``status``), writes each
+  run's ``summary.json`` as it ends, removes its checkpoint and prints its line."""
+
+  def __init__(self, pl, out, stream):
+    self.pl, self.out, self.stream = pl, out, stream
+    self.runs, self.status = [], "ok"
+
+  def base(self, s: int, a: str, algo: str) -> dict:
+    pl = self.pl
+    b = {"task": pl.task.name, "algorithm": a, "seed": s, "rounds": pl.rounds,
+         "num_clients": pl.task.train.num_clients, "clients_per_round": pl.cohort}
+    point = dict(zip(pl.labels[algo], pl.plans[algo].points))[a]
+    if point:
+      b.update(base_algorithm=algo, sweep=point)
+    return b
+
+  def __call__(self, a, s, res, base, ckpt):
+    from fedjax_inv.simulation import DivergedError
+    pl, stream = self.pl, self.stream
     shutil.rmtree(ckpt, ignore_errors=True)  # ours; the run is over
     if isinstance(res, DivergedError):
       summary = {**base, "status": "diverged", "diverged_round": res.round,
-                 "error": str(res), "hparams": built[a].hparams, "data": task.info,
+                 "error": str(res), "hparams": pl.built[a].hparams, "data": pl.task.info,
                  "history": res.history}
-      runs.append(summary)
-      outputs.write_json(_run_dir(out, a, s) / "summary.json",
-                        {k: v for k, v in summary.items() if k != "history"})
-      status = "diverged"
+      self._keep(a, s, summary)
+      self.status = "diverged"
       print(f"  {a:18s} seed {s}: DIVERGED at round {res.round} (train objective not "
             "finite); recorded, going on", file=stream)
       return
-    summary = {**base, "status": "ok", "final": res.final, **res.report(),
-               "hparams": built[a].hparams, "execution": res.strategy,
-               "seconds": round(res.seconds, 2), "data": task.info,
-               "history": res.history}
-    runs.append(summary)
-    outputs.write_json(_run_dir(out, a, s) / "summary.json",
-                      {k: v for k, v in summary.items() if k != "history"})
-    f = res.final
-    acc = " ".join(f"{k}={v:.3f}" for k, v in f.items()
-                   if k.endswith(("_accuracy", "_mse")) and "client" not in k)
-    print(f"  {a:18s} seed {s}: {acc}  ({res.seconds:.1f}s, {res.strategy})", file=stream)
-    for rule, e in res.selected.items():
-      vals = " ".join(f"{k}={v:.3f}" for k, v in e.items()
-                      if k.endswith(("_accuracy", "_mse", "_auroc", "_auprc"))
-                      and "client" not in k and isinstance(v, float))
-      print(f"  {'':18s}   at {rule} (round {e['round']}): {vals}", file=stream)
-    if res.last_k_mean is not None:
-      w = res.last_k_mean
-      vals = " ".join(f"{k}={v:.3f}" for k, v in w.items()
-                      if k.endswith(("_accuracy", "_mse")) and "client" not in k)
-      print(f"  {'':18s}   mean of rounds {w['first_round']}-{w['last_round']}: "
-            f"{vals}", file=stream)
+    self._keep(a, s, {**base, "status": "ok", "final": res.final, **res.report(),
+                      "hparams": pl.built[a].hparams, "execution": res.strategy,
+                      "seconds": round(res.seconds, 2), "data": pl.task.info,
+                      "history": res.history})
+    _print_run(a, s, res, stream)
 
-  common = dict(rounds=rounds, clients_per_round=cohort,
+  def _keep(self, a, s, summary):
+    self.runs.append(summary)
+    outputs.write_json(_run_dir(self.out, a, s) / "summary.json",
+                       {k: v for k, v in summary.items() if k != "history"})
+
+
+def _print_run(a: str, s: int, res, stream) -> None:
+  f = res.final
+  acc = " ".join(f"{k}={v:.3f}" for k, v in f.items()
+                 if k.endswith(("_accuracy", "_mse")) and "client" not in k)
+  print(f"  {a:18s} seed {s}: {acc}  ({res.seconds:.1f}s, {res.strategy})", file=stream)
+  for rule, e in res.selected.items():
+    vals = " ".join(f"{k}={v:.3f}" for k, v in e.items()
+                    if k.endswith(("_accuracy", "_mse", "_auroc", "_auprc"))
+                    and "client" not in k and isinstance(v, float))
+    print(f"  {'':18s}   at {rule} (round {e['round']}): {vals}", file=stream)
+  if res.last_k_mean is not None:
+    w = res.last_k_mean
+    vals = " ".join(f"{k}={v:.3f}" for k, v in w.items()
+                    if k.endswith(("_accuracy", "_mse")) and "client" not in k)
+    print(f"  {'':18s}   mean of rounds {w['first_round']}-{w['last_round']}: "
+          f"{vals}", file=stream)
+
+
+def execute(pl, out, done, rec, progress, stream) -> None:
+  """The executor of :func:`run_experiment`: for each algorithm, its sweep points and
+  seeds not in ``done``: traced sweep points × seeds as one ``run_replicas`` program, or
+  an algorithm's seeds as one (``pl.batched``), else one ``simulation.run`` after
+  another; the choice and its reason are printed and kept in ``pl.sweep_notes``. Each
+  finished run goes to ``rec``; checkpoints (``--checkpoint-every``) per run or per batch.
+  """
+  from fedjax_inv import simulation, sweep as sweep_lib
+  cfg, metrics_path = pl.cfg, out / "metrics.jsonl"
+  common = dict(rounds=pl.rounds, clients_per_round=pl.cohort,
                 execution=cfg.get("execution") or "auto", chunk_size=cfg.get("chunk_size"),
-                eval_every=eval_every, progress=progress, reporting=rep,
+                eval_every=pl.eval_every, progress=progress, reporting=pl.rep,
                 rounds_per_call=cfg.get("rounds_per_call") or 1)
-  sweep_notes = {}
-  try:
-    for algo in algos:
-      pl = plans[algo]
-      point_of = dict(zip(labels[algo], pl.points))
 
-      def base(s, a):
-        b = {"task": task.name, "algorithm": a, "seed": s, "rounds": rounds,
-             "num_clients": task.train.num_clients, "clients_per_round": cohort}
-        if point_of[a]:
-          b.update(base_algorithm=algo, sweep=point_of[a])
-        return b
-      for a in labels[algo]:
-        for s in seeds:
-          if (a, s) in done:
-            runs.append(done[(a, s)])
-            print(f"  {a:18s} seed {s}: finished earlier (resumed), kept", file=stream)
-      if len(pl.points) > 1:
-        sweep_notes[algo] = ("batched: " + ", ".join(pl.traced) + " traced"
-                             if pl.batched and batched else
-                             "one after another: " + (
-                                 pl.reason if not pl.batched else
-                                 f"--replicas {replicas}" + (" (sequential on CPU; "
-                                 "--replicas batched traces " + ", ".join(pl.traced) + ")"
-                                 if replicas == "auto" else "")))
-        print(f"  {algo}: {len(pl.points)} sweep points × {len(seeds)} seed(s), "
-              f"{sweep_notes[algo]}", file=stream)
-      if pl.batched and batched and len(pl.points) > 1:
-        from fedjax_inv.replicas import run_replicas
-        todo = [(lab, s) for lab in labels[algo] for s in seeds if (lab, s) not in done]
-        if todo:
-          ran_batched = True
-          rs, hs = sweep_lib.replica_hparams(pl, [(point_of[lab], s) for lab, s in todo])
-          results = run_replicas(
-              task, pl.structure, seeds=rs, hparams=hs, callback=lambda i, entry:
-              outputs.append_jsonl(metrics_path, {"algorithm": todo[i][0],
-                                                 "seed": todo[i][1], **entry}),
-              **common)
-          for (lab, s), res in zip(todo, results):
-            record(lab, s, res, dict(base(s, lab), replicas=f"batched x{len(todo)}"),
-                   _run_dir(out, lab, s) / "checkpoint")
+  def checkpointing(path):  # --checkpoint-every: the run's (or batch's) checkpoint folder
+    every = cfg.get("checkpoint_every")
+    return dict(checkpoint_dir=path if every else None, checkpoint_every=every)
+
+  def row_writer(keyed):  # callback(key, entry) -> metrics.jsonl; keyed[key] = (label, seed)
+    return lambda k, entry: outputs.append_jsonl(
+        metrics_path, {"algorithm": keyed[k][0], "seed": keyed[k][1], **entry})
+
+  def batch(algo, folder, structure, todo, hparams=None):
+    # run_replicas calls back with the replica index when it traces hparams, else the seed
+    from fedjax_inv import replicas
+    pl.ran_batched = True
+    bdir = _batch_dir(out, folder, todo)
+    keyed = dict(enumerate(todo)) if hparams is not None else {p[1]: p for p in todo}
+    kw = dict(seeds=[s for _, s in todo], callback=row_writer(keyed), **common,
+              **checkpointing(bdir))
+    if hparams is not None:
+      kw.update(seeds=hparams[0], hparams=hparams[1])
+    results = replicas.run_replicas(pl.task, structure, **kw)
+    for (lab, s), res in zip(todo, results):
+      rec(lab, s, res, dict(rec.base(s, lab, algo), replicas=f"batched x{len(todo)}"),
+          _run_dir(out, lab, s) / "checkpoint")
+    shutil.rmtree(bdir.parent, ignore_errors=True)  # ours; the batch is over
+
+  for algo in pl.algos:
+    plan = pl.plans[algo]
+    point_of = dict(zip(pl.labels[algo], plan.points))
+    for a in pl.labels[algo]:
+      for s in pl.seeds:
+        if (a, s) in done:
+          rec.runs.append(done[(a, s)])
+          print(f"  {a:18s} seed {s}: finished earlier (resumed), kept", file=stream)
+    if len(plan.points) > 1:
+      pl.sweep_notes[algo] = _sweep_note(plan, pl.batched, pl.replicas)
+      print(f"  {algo}: {len(plan.points)} sweep points × {len(pl.seeds)} seed(s), "
+            f"{pl.sweep_notes[algo]}", file=stream)
+    if plan.batched and pl.batched and len(plan.points) > 1:
+      todo = [(lab, s) for lab in pl.labels[algo] for s in pl.seeds if (lab, s) not in done]
+      if todo:
+        batch(algo, algo, plan.structure, todo, sweep_lib.replica_hparams(
+            plan, [(point_of[lab], s) for lab, s in todo]))
+      continue
+    for a in pl.labels[algo]:
+      todo = [s for s in pl.seeds if (a, s) not in done]
+      if pl.batched and len(todo) > 1:
+        print(f"  {a:18s} seeds {todo}: batched as one program (--replicas "
+              f"{pl.replicas})", file=stream)
+        batch(algo, a, pl.built[a], [(a, s) for s in todo])
         continue
-      for a in labels[algo]:
-        todo = [s for s in seeds if (a, s) not in done]
-        if batched and len(todo) > 1:
-          from fedjax_inv.replicas import run_replicas
-          ran_batched = True
-          print(f"  {a:18s} seeds {todo}: batched as one program (--replicas "
-                f"{replicas})", file=stream)
-          results = run_replicas(task, built[a], seeds=todo, callback=lambda s, entry, a=a:
-                                 outputs.append_jsonl(metrics_path,
-                                                     {"algorithm": a, "seed": s, **entry}),
-                                 **common)
-          for s, res in zip(todo, results):
-            record(a, s, res, dict(base(s, a), replicas=f"batched x{len(todo)}"),
-                   _run_dir(out, a, s) / "checkpoint")
-          continue
-        for s in todo:
-          def stream_row(entry, a=a, s=s):
-            outputs.append_jsonl(metrics_path, {"algorithm": a, "seed": s, **entry})
+      for s in todo:
+        ckpt = _run_dir(out, a, s) / "checkpoint"
+        try:
+          res = simulation.run(pl.task, pl.built[a], seed=s, **common,
+                               callback=lambda e, a=a, s=s: row_writer({0: (a, s)})(0, e),
+                               **checkpointing(ckpt))
+        except simulation.DivergedError as e:
+          res = e
+        rec(a, s, res, rec.base(s, a, algo), ckpt)
 
-          ckpt = _run_dir(out, a, s) / "checkpoint"
-          try:
-            res = run(task, built[a], seed=s, callback=stream_row,
-                      checkpoint_dir=ckpt if cfg.get("checkpoint_every") else None,
-                      checkpoint_every=cfg.get("checkpoint_every"), **common)
-          except DivergedError as e:
-            res = e
-          record(a, s, res, base(s, a), ckpt)
-  except KeyboardInterrupt:
-    status = "interrupted"
+
+def _sweep_note(plan, batched: bool, replicas: str) -> str:
+  """How a sweep's points run, and why (summary.json['sweep'][algorithm]['runs'])."""
+  if plan.batched and batched:
+    return "batched: " + ", ".join(plan.traced) + " traced"
+  return "one after another: " + (
+      plan.reason if not plan.batched else
+      f"--replicas {replicas}" + (" (sequential on CPU; --replicas batched traces "
+                                  + ", ".join(plan.traced) + ")"
+                                  if replicas == "auto" else ""))
+
+
+def write_summary(pl, out, rec, stream) -> dict:
+  """Writes ``summary.json`` (with the table, status, failed / unfinished runs,
+  provenance and the resolved config) and, when a run finished, ``results.md/.csv`` and
+  ``curves.png``; prints the table. Returns the summary."""
+  from fedjax_inv.eval import reporting as rlib
+  task, seeds, runs, status = pl.task, pl.seeds, rec.runs, rec.status
   ok = [r for r in runs if r.get("status", "ok") == "ok"]
-  extra, printed_extra = report_columns(task, rep, rounds)
+  extra, printed_extra = report_columns(task, pl.rep, pl.rounds)
   metrics = _final_metrics(task) + extra
-  table = outputs.comparison_table(ok, metrics)
-  if len(names) * len(seeds) == 1 and runs:
+  table = outputs.comparison_table(ok, metrics, rlib.column_value)
+  if len(pl.names) * len(seeds) == 1 and runs:
     summary = {k: v for k, v in runs[0].items() if k != "history"}
   else:
-    summary = {"task": task.name, "algorithm": algos, "seed": seeds, "rounds": rounds,
-               "num_clients": task.train.num_clients, "clients_per_round": cohort,
-               "table": table,
+    summary = {"task": task.name, "algorithm": pl.algos, "seed": seeds,
+               "rounds": pl.rounds, "num_clients": task.train.num_clients,
+               "clients_per_round": pl.cohort, "table": table,
                "runs": [{k: v for k, v in r.items() if k not in ("history", "data")}
                         for r in runs],
                "data": task.info}
   summary["status"] = status
   summary["replicas"] = ("batched (seeds of an algorithm as one vmapped program)"
-                         if ran_batched else "sequential")
-  if sweep_notes:
-    summary["sweep"] = {a: {"points": plans[a].points, "runs": sweep_notes[a]}
-                        for a in sweep_notes}
-  if cfg.get("search"):
-    summary["search"] = search_info
+                         if pl.ran_batched else "sequential")
+  if pl.sweep_notes:
+    summary["sweep"] = {a: {"points": pl.plans[a].points, "runs": pl.sweep_notes[a]}
+                        for a in pl.sweep_notes}
+  if pl.search_info:
+    summary["search"] = pl.search_info
   if status != "ok":
     summary["failed_runs"] = [{"algorithm": r["algorithm"], "seed": r["seed"],
                                "status": r["status"],
                                "diverged_round": r.get("diverged_round")}
                               for r in runs if r.get("status") == "diverged"]
     if status == "interrupted":
-      summary["not_finished"] = [{"algorithm": a, "seed": s} for a in names for s in seeds
-                                 if not any(r["algorithm"] == a and r["seed"] == s
-                                            for r in runs)]
+      summary["not_finished"] = [{"algorithm": a, "seed": s} for a in pl.names
+                                 for s in seeds if not any(
+                                     r["algorithm"] == a and r["seed"] == s for r in runs)]
   summary["jax"] = {"version": jax.__version__, "backend": jax.default_backend(),
                     "devices": jax.device_count(), "cpu_flags": xla_cpu.status()}
   summary["command"] = " ".join(sys.argv)
   summary["provenance"] = provenance()
-  summary["config"] = resolved
+  summary["config"] = pl.resolved
   outputs.write_json(out / "summary.json", summary)
   if ok:
-    failed = "".join(f"\n{r['algorithm']} seed {r['seed']}: diverged at round "
-                     f"{r['diverged_round']} (left out of the table)\n"
-                     for r in runs if r.get("status") == "diverged")
-    outputs.write_text_atomic(out / "results.md",
-                             outputs.format_table(table, metrics) + "\n" + failed)
-    outputs.write_text_atomic(out / "results.csv", outputs.table_csv(table, metrics))
-    outputs.plot_curves(out / "curves.png", [r for r in ok if r["history"]],
-                       title=f"{task.name}: {', '.join(algos)} ({len(seeds)} seed(s), "
-                             f"{rounds} rounds)",
-                       sets=("train",) + tuple(task.eval_sets))
-    printed = metrics[: 1 + len(task.eval_sets)] + printed_extra
-    print("\n" + outputs.format_table(table, printed, markdown=False), file=stream)
-  print(f"\nwrote {out}/ (summary.json, metrics.jsonl, results.md, curves.png) in "
-        f"{time.perf_counter() - t0:.0f}s" + ("" if status == "ok" else
-                                              f"; status: {status}"), file=stream)
-  if status == "interrupted":
-    raise KeyboardInterrupt(str(out))
+    _write_tables(pl, out, runs, ok, table, metrics, printed_extra, stream)
   return summary
+
+
+def _write_tables(pl, out, runs, ok, table, metrics, printed_extra, stream) -> None:
+  failed = "".join(f"\n{r['algorithm']} seed {r['seed']}: diverged at round "
+                   f"{r['diverged_round']} (left out of the table)\n"
+                   for r in runs if r.get("status") == "diverged")
+  outputs.write_text_atomic(out / "results.md",
+                            outputs.format_table(table, metrics) + "\n" + failed)
+  outputs.write_text_atomic(out / "results.csv", outputs.table_csv(table, metrics))
+  task = pl.task
+  outputs.plot_curves(out / "curves.png", [r for r in ok if r["history"]],
+                      title=f"{task.name}: {', '.join(pl.algos)} ({len(pl.seeds)} seed(s), "
+                            f"{pl.rounds} rounds)",
+                      sets=("train",) + tuple(task.eval_sets))
+  printed = metrics[: 1 + len(task.eval_sets)] + printed_extra
+  print("\n" + outputs.format_table(table, printed, markdown=False), file=stream)
 
 
 def run_holdout_experiment(cfg: dict, progress: bool = True, overrides=None,
@@ -562,10 +668,10 @@ def run_holdout_experiment(cfg: dict, progress: bool = True, overrides=None,
   """Leave-one-domain-out (``--holdout all`` or a comma-separated list of domains) for a
   domain task: every held-out domain × algorithm × seed, model selection by
   training-domain validation, test-domain oracle and last round, written as paper-style
-  tables to ``runs/<name>/`` (see ``fedjax_inv.eval.lodo``). ``cfg['validation']``:
+  tables to ``runs/<name>/`` (see ``fedjax_inv.lodo``). ``cfg['validation']``:
   'mean' (default, DomainBed/FedIIR per-domain average) or 'pooled'."""
   from fedjax_inv import config
-  from fedjax_inv.eval import lodo
+  from fedjax_inv import lodo
   stream = stream or sys.stdout
   cfg = config.check_run_config(cfg)
   if cfg.get("resume"):

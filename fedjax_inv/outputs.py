@@ -146,16 +146,16 @@ def mean_std(values) -> tuple[float, float]:
   return float(v.mean()), float(v.std(ddof=0)) if len(v) > 1 else 0.0
 
 
-def comparison_table(runs: list[dict], metrics: list[str]) -> list[dict]:
+def comparison_table(runs: list[dict], metrics: list[str], value) -> list[dict]:
   """One row per algorithm (in first-seen order): ``{metric}_mean`` / ``{metric}_std``
   over seeds, and ``seeds``.
 
-  A metric is a column name of ``fedjax_inv.eval.reporting.column_value``: ``'<m>'`` —
+  ``value(run, metric)`` reads one cell (``None``: the run has none); the run layer
+  passes ``fedjax_inv.eval.reporting.column_value``, whose column names are: ``'<m>'`` —
   the run's ``final`` (last-round) value; ``'<m>@<rule>'`` — at the round selected by
   ``rule`` (``run['selected']``, e.g. ``'ood_accuracy@min:ood_loss'``); ``'<m>@last<k>'``
   — the mean over the last ``k`` rounds (``run['last_k_mean']``). Runs without the
   value are left out of that cell (no cell if none has it)."""
-  from fedjax_inv.eval.reporting import column_value
   order, groups = [], {}
   for r in runs:
     a = r["algorithm"]
@@ -167,7 +167,7 @@ def comparison_table(runs: list[dict], metrics: list[str]) -> list[dict]:
   for a in order:
     row = {"algorithm": a, "seeds": len(groups[a])}
     for m in metrics:
-      vals = [v for v in (column_value(g, m) for g in groups[a]) if v is not None]
+      vals = [v for v in (value(g, m) for g in groups[a]) if v is not None]
       if vals:
         row[f"{m}_mean"], row[f"{m}_std"] = mean_std(vals)
     rows.append(row)

@@ -1,4 +1,5 @@
-"""Losses and invariance penalties used by the algorithms (pure functions of arrays).
+"""Losses and invariance penalties used by the algorithms (pure functions of arrays), and
+the chunked per-example sum that several of them share (``sum_over_examples``).
 
 Conventions shared by every function here:
 
@@ -17,7 +18,7 @@ Conventions shared by every function here:
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -443,6 +444,55 @@ def _fishr_kernel(leaves, axis: int) -> jax.Array:
     term = jnp.sum(dev ** 2) / c.shape[axis]
     total = term if total is None else total + term
   return total
+
+
+# ---------------------------------------------------------------------------------------
+# Per-example sums, chunked (bounded memory: chunk × parameters): Fishr+Intra-Geo's
+# per-example gradients (algorithms/intra_geo.py) and FedCurv's Fisher (fedcurv.py)
+# ---------------------------------------------------------------------------------------
+
+
+def sum_over_examples(fn: Callable, x, y, w, chunk: int):
+  """``Σ_i fn(x_i, y_i, w_i)`` over the ``B`` examples of ``x [B, ...]``, ``y [B]``,
+  ``w [B]``: ``vmap`` within chunks of ``chunk`` examples, ``lax.scan`` across chunks.
+  The tail is padded with weight-0 examples, which ``fn`` must map to zero statistics.
+
+  Args:
+    fn: ``fn(x_i, y_i, w_i) -> pytree`` of one example (traceable; ``vmap``-ed).
+    x, y, w: ``[B, ...]``, ``[B, ...]``, ``[B]`` (``w``: 1 real, 0 padding).
+    chunk: examples per vectorized chunk (memory ``O(chunk × fn's output)``).
+
+  Returns:
+    The pytree of ``fn``'s outputs summed over the examples.
+  """
+  b = x.shape[0]
+  s = max(1, min(int(chunk), b))
+  pad = (-b) % s
+  if pad:
+    x = jnp.concatenate([x, jnp.zeros((pad,) + x.shape[1:], x.dtype)])
+    y = jnp.concatenate([y, jnp.zeros((pad,) + y.shape[1:], y.dtype)])
+    w = jnp.concatenate([w, jnp.zeros((pad,), w.dtype)])
+  k = (b + pad) // s
+
+  def chunk_sum(xc, yc, wc):
+    return jax.tree.map(lambda a: jnp.sum(a, axis=0), jax.vmap(fn)(xc, yc, wc))
+
+  if k == 1:
+    return chunk_sum(x, y, w)
+  xs, ys, ws = (a.reshape((k, s) + a.shape[1:]) for a in (x, y, w))
+  zeros = jax.tree.map(lambda t: jnp.zeros(t.shape, t.dtype),
+                       jax.eval_shape(chunk_sum, xs[0], ys[0], ws[0]))
+
+  def body(carry, inp):
+    return jax.tree.map(jnp.add, carry, chunk_sum(*inp)), None
+
+  out, _ = jax.lax.scan(body, zeros, (xs, ys, ws))
+  return out
+
+
+def zero_where(keep, tree):
+  """Every leaf of ``tree`` where ``keep`` (a bool, broadcast), else zeros of its shape."""
+  return jax.tree.map(lambda a: jnp.where(keep, a, jnp.zeros_like(a)), tree)
 
 
 # ---------------------------------------------------------------------------------------

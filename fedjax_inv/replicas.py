@@ -24,25 +24,17 @@ Memory grows S-fold over one run: the engine's memory check is for one replica.
 """
 from __future__ import annotations
 
-import time
-
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from fedjax_inv import simulation
 from fedjax_inv.core.aggregator import traced_names
 from fedjax_inv.core.algorithm import HPARAMS
 from fedjax_inv.core.engine import init_state
-from fedjax_inv.eval import reporting as reporting_lib
 
 
 def _stack(trees):
   return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
-
-
-def _take(tree, i):
-  return jax.tree.map(lambda a: a[i], tree)
 
 
 def batched_round(round_fn, per_replica_data: bool = False):
@@ -56,6 +48,7 @@ def batched_round(round_fn, per_replica_data: bool = False):
                             in_axes=(0, 0, 0 if per_replica_data else None, 0)),
                    donate_argnums=(1,))
   vround.jitted = vround
+  vround.strategy = round_fn.strategy
   return vround
 
 
@@ -77,7 +70,7 @@ def run_replicas(task, algorithm, *, seeds, rounds: int,
                  chunk_size: int | None = None, eval_every: int | None = None,
                  progress: bool = True, shard: bool = True, callback=None,
                  reporting="auto", rounds_per_call: int = 1, hparams=None,
-                 tasks=None) -> list:
+                 tasks=None, checkpoint_dir=None, checkpoint_every: int | None = None) -> list:
   """Runs ``algorithm`` on ``task`` once per seed, all seeds batched in one program.
 
   Args:
@@ -99,6 +92,8 @@ def run_replicas(task, algorithm, *, seeds, rounds: int,
       ``tasks[i]`` (e.g. the held-out domains of a leave-one-domain-out sweep); their
       data must have equal shapes (checked, :func:`check_same_shapes`; ``task`` is then
       ignored and may be None). Seeds may repeat across tasks.
+    checkpoint_dir, checkpoint_every: as :func:`fedjax_inv.simulation.run`, for the whole
+      batch (one checkpoint holds every replica; resuming needs the same replicas).
 
   Returns:
     a list with one item per seed, in order: a ``RunResult`` (its ``seconds`` is the
@@ -112,9 +107,6 @@ def run_replicas(task, algorithm, *, seeds, rounds: int,
       and everything :func:`simulation.run` refuses — before compiling.
   """
   seeds = [int(s) for s in seeds]
-  if execution == "loop":
-    raise ValueError("execution='loop' (a Python loop over clients) cannot be batched "
-                     "over replicas; use 'auto', 'vmap', 'scan' or 'chunked'.")
   if tasks is not None:
     tasks = list(tasks)
     if len(tasks) != len(seeds):
@@ -131,63 +123,19 @@ def run_replicas(task, algorithm, *, seeds, rounds: int,
       raise ValueError(f"replicas {keys_}: a (seed, hyperparameters) pair is repeated.")
   elif not seeds or len(set(distinct)) != len(distinct):
     raise ValueError(f"seeds={seeds}; give one or more distinct integer seeds (per task).")
+  simulation.check_checkpoint_every(checkpoint_every)
   p = simulation.prepare(task, algorithm, rounds, clients_per_round, execution,
                          chunk_size, eval_every, shard, reporting, rounds_per_call)
-  S = len(seeds)
   vround = batched_round(p.round_fn, per_replica_data=tasks is not None)
   data = task.train if tasks is None else _stack([t.train for t in tasks])
-  fused = simulation.build_fused_rounds(vround) if rounds_per_call > 1 else None
   server, cstates, keys = stacked_state(algorithm, p.model, p.num_clients, seeds, hparams)
-  histories = [[] for _ in seeds]
-  selected_params = [{} for _ in seeds]
-  errors: list = [None] * S
-  t0 = time.perf_counter()
-  bad = jnp.zeros((S,), jnp.int32)
-  rep = p.rep
-  with simulation.progress_bar(progress, p.rounds,
-                               f"{algorithm.name} on {task.name} ×{S} seeds") as bar:
-    r = 1
-    while r <= p.rounds:
-      first = r
-      server, cstates, bad, train_loss, r = simulation.advance(
-          vround, fused, server, cstates, data, keys, bad, first, p.rounds,
-          p.schedule, rounds_per_call)
-      if r in p.schedule or r % simulation.CHECK_EVERY == 0 or r > first:
-        for i, b in enumerate(np.asarray(bad)):
-          if b and errors[i] is None:
-            errors[i] = simulation.DivergedError(int(b), histories[i], algorithm.name)
-        if all(e is not None for e in errors):
-          break
-      if r in p.schedule:
-        losses = np.asarray(train_loss)
-        for i, s in enumerate(seeds):
-          if errors[i] is not None:
-            continue
-          params = _take(server.params, i)
-          entry = {"round": r, "train_objective": float(losses[i])}
-          entry.update(simulation.evaluate_all(
-              p.evaluate, params, task if tasks is None else tasks[i], rep, p.predict_fn))
-          histories[i].append(entry)
-          simulation.keep_selected(rep, histories[i], params, selected_params[i])
-          if callback is not None:
-            callback(s if hparams is None and tasks is None else i, entry)
-      bar.update(r - first + 1)
-      r += 1
-  seconds = (time.perf_counter() - t0) / S
-  out = []
-  for i in range(S):
-    if errors[i] is not None:
-      out.append(errors[i])
-      continue
-    h = histories[i]
-    out.append(simulation.RunResult(
-        h, h[-1], _take(server.params, i), _take(server, i), p.round_fn.strategy, seconds,
-        selected=reporting_lib.select_rounds_by(h, rep.select, rep.select_from),
-        selected_params=selected_params[i],
-        last_k_mean=reporting_lib.last_k_mean(h, rep.last_k, p.rounds)
-        if rep.last_k else None,
-        reporting=rep.to_dict() if rep else {}))
-  return out
+  label = (lambda i: i) if hparams is not None or tasks is not None else seeds.__getitem__
+  return simulation.train_loop(
+      p, vround, data, server, cstates, keys, tasks=tasks or [task] * len(seeds),
+      algorithm=algorithm, batched=True, progress=progress,
+      desc=f"{algorithm.name} on {task.name} ×{len(seeds)} seeds",
+      callback=None if callback is None else lambda i, e: callback(label(i), e),
+      checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every)
 
 
 def _check_hparams(algorithm, seeds, hparams) -> None:

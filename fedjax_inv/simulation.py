@@ -4,8 +4,6 @@ run's reporting (model selection, last-k averages, ranking / fairness metrics;
 from __future__ import annotations
 
 import dataclasses
-import json
-import pathlib
 import time
 import types
 from typing import Any, Callable
@@ -14,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_inv import checkpoint
 from fedjax_inv.core.engine import build_round, client_mesh, init_state
 from fedjax_inv.eval import build_evaluator, summarize
 from fedjax_inv.eval import reporting as reporting_lib
@@ -109,85 +108,6 @@ def _first_bad_round(bad, loss, r):
 
 # How often (in rounds) the device-side divergence flag is read between evaluations.
 CHECK_EVERY = 10
-
-
-def _manager(path, create: bool):
-  """An ``orbax.checkpoint.CheckpointManager`` over ``path`` that keeps the newest step
-  only, saving synchronously (the round loop continues after the save has landed)."""
-  import orbax.checkpoint as ocp
-  opts = ocp.CheckpointManagerOptions(max_to_keep=1, create=create,
-                                      enable_async_checkpointing=False)
-  return ocp.CheckpointManager(pathlib.Path(path).absolute(), options=opts)
-
-
-def _leaf_specs(state) -> list:
-  return [[list(np.shape(x)), str(np.asarray(x).dtype if not hasattr(x, "dtype")
-                                   else x.dtype)] for x in jax.tree.leaves(state)]
-
-
-def latest_checkpoint(path) -> int | None:
-  """The round of the newest complete checkpoint in ``path`` (None: none there).
-  Orbax finalizes a step by an atomic rename, so a save killed half-way is not seen."""
-  path = pathlib.Path(path)
-  if not path.is_dir():
-    return None
-  with _manager(path, create=False) as m:
-    return m.latest_step()
-
-
-def save_checkpoint(path, state, meta: dict) -> None:
-  """Saves ``state`` (any pytree of arrays: server state, per-client states, selected
-  models) and ``meta`` (JSON: ``round``, history, ...) as step ``meta['round']`` of an
-  ``orbax.checkpoint.CheckpointManager`` in ``path`` (created if missing; only the newest
-  step is kept). Orbax writes each step to a temporary folder and renames it when
-  complete, so a kill during a save leaves the previous checkpoint intact. Arrays are
-  stored bit-exactly (tensorstore/zarr); the leaves' shapes and dtypes go into ``meta``
-  so a restore into another model fails with a clear message.
-
-  Raises:
-    KeyError: ``meta`` has no integer ``round``.
-  """
-  import orbax.checkpoint as ocp
-  meta = json.loads(json.dumps(
-      dict(meta, leaves=_leaf_specs(state)),
-      default=lambda o: o.item() if hasattr(o, "item") else str(o)))
-  with _manager(path, create=True) as m:
-    m.save(int(meta["round"]), args=ocp.args.Composite(
-        state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)), force=True)
-    m.wait_until_finished()
-
-
-def load_checkpoint_meta(path) -> dict | None:
-  """The JSON ``meta`` of the newest checkpoint in ``path`` (None: no checkpoint)."""
-  import orbax.checkpoint as ocp
-  step = latest_checkpoint(path)
-  if step is None:
-    return None
-  with _manager(path, create=False) as m:
-    return m.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
-
-
-def load_checkpoint(path, target):
-  """Restores the newest :func:`save_checkpoint` step in ``path`` into the structure,
-  shapes and dtypes of ``target`` (a pytree of arrays).
-
-  Returns:
-    ``(state, meta)``, or None when ``path`` holds no checkpoint.
-
-  Raises:
-    ValueError: the checkpoint's arrays do not match ``target`` (another model/config).
-  """
-  import orbax.checkpoint as ocp
-  meta = load_checkpoint_meta(path)
-  if meta is None:
-    return None
-  if meta.get("leaves") != _leaf_specs(target):
-    raise ValueError(f"checkpoint in {path} does not match this run (different model or "
-                     "settings); remove it or use another --out.")
-  with _manager(path, create=False) as m:
-    state = m.restore(int(meta["round"]), args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(target)))["state"]
-  return state, meta
 
 
 def build_fused_rounds(round_fn):
@@ -335,8 +255,8 @@ def prepare(task, algorithm, rounds, clients_per_round, execution, chunk_size,
 
   Returns:
     a namespace: ``rounds``, ``num_clients``, ``cohort``, ``rep`` (resolved reporting),
-    ``schedule`` (set of evaluated rounds), ``model``, ``round_fn``, ``fused`` (or None),
-    ``evaluate``, ``predict_fn`` (or None).
+    ``schedule`` (set of evaluated rounds), ``model``, ``round_fn``, ``rounds_per_call``,
+    ``evaluate``, ``predict_fn`` (or None), ``probe`` (or None).
 
   Raises:
     ValueError: as :func:`run`.
@@ -359,10 +279,6 @@ def prepare(task, algorithm, rounds, clients_per_round, execution, chunk_size,
       or rounds_per_call < 1:
     raise ValueError(f"rounds_per_call={rounds_per_call!r}; it must be an integer >= 1 "
                      "(1 = one device call per round).")
-  if execution == "loop" and rounds_per_call > 1:
-    raise ValueError("execution='loop' (a Python loop over clients, the benchmark "
-                     f"baseline) cannot fuse rounds_per_call={rounds_per_call} rounds into "
-                     "one device call; use rounds_per_call=1 or another strategy.")
   rep = reporting_lib.resolve(reporting, task)
   reporting_lib.check(rep, task)
   schedule = set(reporting_lib.eval_rounds(rounds, int(eval_every), rep.last_k))
@@ -375,13 +291,12 @@ def prepare(task, algorithm, rounds, clients_per_round, execution, chunk_size,
     round_fn = build_round(model, task.kind, algorithm, num_clients, cohort,
                            execution=execution, chunk_size=chunk_size, mesh=mesh,
                            feature_shape=task.train.feature_shape, n_max=task.train.n_max)
-  fused = build_fused_rounds(round_fn) if rounds_per_call > 1 else None
   evaluate = build_evaluator(model, task.kind, algorithm)
   predict_fn = build_predict(model, algorithm) if rep.ranking else None
   return types.SimpleNamespace(
       rounds=rounds, num_clients=num_clients, cohort=cohort, rep=rep, schedule=schedule,
-      model=model, round_fn=round_fn, fused=fused, evaluate=evaluate,
-      predict_fn=predict_fn, probe=probe)
+      model=model, round_fn=round_fn, rounds_per_call=int(rounds_per_call),
+      evaluate=evaluate, predict_fn=predict_fn, probe=probe)
 
 
 def run(task, algorithm, *, rounds: int, clients_per_round: int | None = None,
@@ -440,69 +355,179 @@ def run(task, algorithm, *, rounds: int, clients_per_round: int | None = None,
       carries the FIRST non-finite round (a device-side scalar updated every round)
       and the history so far.
   """
+  check_checkpoint_every(checkpoint_every)
+  p = prepare(task, algorithm, rounds, clients_per_round, execution, chunk_size,
+              eval_every, shard, reporting, rounds_per_call)
+  server, cstates = init_state(algorithm, p.model.init(seed), p.num_clients)
+  out = train_loop(p, p.round_fn, task.train, server, cstates, jax.random.key(seed),
+                   tasks=[task], algorithm=algorithm, batched=False, progress=progress,
+                   desc=f"{algorithm.name} on {task.name}",
+                   callback=None if callback is None else lambda i, e: callback(e),
+                   checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every)[0]
+  if isinstance(out, DivergedError):
+    raise out
+  return out
+
+
+def check_checkpoint_every(checkpoint_every) -> None:
+  """Raises ValueError unless ``checkpoint_every`` is None or an integer >= 1."""
   if checkpoint_every is not None and (isinstance(checkpoint_every, bool) or
                                        int(checkpoint_every) != checkpoint_every or
                                        checkpoint_every < 1):
     raise ValueError(f"checkpoint_every={checkpoint_every}; it must be an integer >= 1.")
-  p = prepare(task, algorithm, rounds, clients_per_round, execution, chunk_size,
-              eval_every, shard, reporting, rounds_per_call)
-  rounds, num_clients, rep, schedule = p.rounds, p.num_clients, p.rep, p.schedule
-  model, round_fn, fused, evaluate, predict_fn = (p.model, p.round_fn, p.fused, p.evaluate,
-                                                  p.predict_fn)
-  params = model.init(seed)
-  server, cstates = init_state(algorithm, params, num_clients)
-  key = jax.random.key(seed)
-  history = []
-  selected_params = {}
+
+
+def _take(tree, i):
+  return jax.tree.map(lambda a: a[i], tree)
+
+
+class _Replicas:
+  """The per-replica bookkeeping of :func:`train_loop`: histories, selected models and
+  divergence errors of S runs, and their (de)serialization for checkpoints. With
+  ``batched=False`` there is one replica and the states carry no replica axis."""
+
+  def __init__(self, tasks, algorithm_name: str, batched: bool):
+    self.tasks, self.name, self.batched = list(tasks), algorithm_name, batched
+    self.S = len(self.tasks)
+    self.histories = [[] for _ in self.tasks]
+    self.selected_params = [{} for _ in self.tasks]
+    self.errors: list = [None] * self.S
+
+  def params(self, server, i):
+    return _take(server.params, i) if self.batched else server.params
+
+  def flags(self, bad) -> np.ndarray:
+    return np.atleast_1d(np.asarray(bad))
+
+  def zero_flags(self):
+    return jnp.zeros((self.S,) if self.batched else (), jnp.int32)
+
+  def check(self, bad) -> bool:
+    """Records a DivergedError for each newly diverged replica; True when all have."""
+    for i, b in enumerate(self.flags(bad)):
+      if b and self.errors[i] is None:
+        self.errors[i] = DivergedError(int(b), self.histories[i], self.name)
+    return all(e is not None for e in self.errors)
+
+  def state(self, server, cstates):
+    sel = self.selected_params if self.batched else self.selected_params[0]
+    return (server, cstates, sel)
+
+  def meta(self, r: int, bad) -> dict:
+    if not self.batched:  # the one-run format (history, bad, selected rule names)
+      return {"round": r, "history": self.histories[0], "bad": int(bad),
+              "selected": list(self.selected_params[0])}
+    return {"round": r, "histories": self.histories, "bad": [int(b) for b in self.flags(bad)],
+            "selected": [list(s) for s in self.selected_params]}
+
+  def restore(self, checkpoint_dir, server, cstates):
+    """``(server, cstates, bad, next round)`` from the newest checkpoint in
+    ``checkpoint_dir``, or the given states at round 1 when there is none."""
+    meta0 = checkpoint.load_checkpoint_meta(checkpoint_dir)
+    if meta0 is None:
+      return server, cstates, self.zero_flags(), 1
+    rules = [meta0["selected"]] if not self.batched else meta0["selected"]
+    sel = [{rule: self.params(server, i) for rule in rs} for i, rs in enumerate(rules)]
+    target = (server, cstates, sel if self.batched else sel[0])
+    (server, cstates, sel), meta = checkpoint.load_checkpoint(checkpoint_dir, target)
+    self.selected_params = sel if self.batched else [sel]
+    self.histories = meta["histories"] if self.batched else [meta["history"]]
+    bad = jnp.asarray(meta["bad"], jnp.int32)
+    self.check(bad)
+    return server, cstates, bad, meta["round"] + 1
+
+  def results(self, p, server, strategy: str, seconds: float, probe=None) -> list:
+    """One RunResult (or DivergedError) per replica."""
+    rep, out = p.rep, []
+    for i in range(self.S):
+      if self.errors[i] is not None:
+        out.append(self.errors[i])
+        continue
+      h = self.histories[i]
+      out.append(RunResult(
+          h, h[-1], self.params(server, i), _take(server, i) if self.batched else server,
+          strategy, seconds,
+          selected=reporting_lib.select_rounds_by(h, rep.select, rep.select_from),
+          selected_params=self.selected_params[i],
+          last_k_mean=reporting_lib.last_k_mean(h, rep.last_k, p.rounds)
+          if rep.last_k else None,
+          reporting=rep.to_dict() if rep else {}, probe=probe))
+    return out
+
+
+def train_loop(p, round_fn, data, server, cstates, keys, *, tasks, algorithm, batched: bool,
+               progress: bool = True, desc: str = "", callback=None, checkpoint_dir=None,
+               checkpoint_every: int | None = None) -> list:
+  """THE training loop (issue 22): rounds of ``round_fn`` (one device call per round, or
+  fused calls), the divergence check, evaluation on the schedule, model selection,
+  checkpoints and resume, the progress bar — for one run (``batched=False``,
+  :func:`run`) or S runs batched on a leading replica axis (``batched=True``,
+  ``fedjax_inv.replicas.run_replicas``).
+
+  Args:
+    p: :func:`prepare`'s namespace (rounds, schedule, reporting, evaluator, fused rounds).
+    round_fn: ``(server, client_states, data, keys) -> (server, client_states, metrics)``
+      with ``metrics['train_loss']`` a scalar, or ``[S]`` when batched.
+    data: the training ``ClientData`` (``[N, n_max, ...]``; ``[S, N, ...]`` for
+      per-replica data).
+    server, cstates, keys: initial states and PRNG keys (``[S, ...]`` when batched).
+    tasks: S tasks, replica ``i`` is evaluated on ``tasks[i]`` (S = 1 unbatched).
+    algorithm: the (structure) ``Algorithm``; its name goes into errors.
+    callback: ``callback(i, entry)`` after each evaluation of replica ``i`` (after that
+      round's checkpoint).
+    checkpoint_dir, checkpoint_every: save every ``checkpoint_every`` rounds and resume
+      from a checkpoint found in ``checkpoint_dir`` (``fedjax_inv.checkpoint``;
+      bit-identical to an uninterrupted run); ``callback`` is replayed on the restored
+      histories.
+
+  Returns:
+    one ``RunResult`` or ``DivergedError`` per replica (a diverged replica stops being
+    evaluated; the loop ends early when all have diverged). ``seconds`` is the wall
+    time divided by S.
+  """
+  reps = _Replicas(tasks, algorithm.name, batched)
+  fused = build_fused_rounds(round_fn) if p.rounds_per_call > 1 else None
   t0 = time.perf_counter()
-  bad = jnp.zeros((), jnp.int32)
-  start = 1
+  bad, start = reps.zero_flags(), 1
+  saving = bool(checkpoint_every) and checkpoint_dir is not None
   if checkpoint_dir is not None:
-    meta0 = load_checkpoint_meta(checkpoint_dir)
-    if meta0 is not None:
-      target = (server, cstates, {rule: server.params for rule in meta0["selected"]})
-      (server, cstates, selected_params), meta0 = load_checkpoint(checkpoint_dir, target)
-      history = meta0["history"]
-      bad = jnp.asarray(meta0["bad"], jnp.int32)
-      start = meta0["round"] + 1
-      if callback is not None:
-        for entry in history:
-          callback(entry)
-  stops = set(schedule)
-  if checkpoint_every and checkpoint_dir is not None:
-    stops |= set(range(checkpoint_every, rounds + 1, checkpoint_every))
-  with progress_bar(progress, rounds, f"{algorithm.name} on {task.name}",
-                    initial=start - 1) as bar:
+    server, cstates, bad, start = reps.restore(checkpoint_dir, server, cstates)
+    for i, h in enumerate(reps.histories):
+      for entry in h if callback is not None else ():
+        callback(i, entry)
+  stops = set(p.schedule) | (set(range(checkpoint_every, p.rounds + 1, checkpoint_every))
+                             if saving else set())
+  with progress_bar(progress, p.rounds, desc, initial=start - 1) as bar:
     r = start
-    while r <= rounds:
+    while r <= p.rounds and not all(e is not None for e in reps.errors):
       first = r
       server, cstates, bad, train_loss, r = advance(
-          round_fn, fused, server, cstates, task.train, key, bad, first, rounds, stops,
-          rounds_per_call)
-      if r in schedule or r % CHECK_EVERY == 0 or r > first:
-        first_bad = int(bad)
-        if first_bad:
-          raise DivergedError(first_bad, history, algorithm.name)
-      if r in schedule:
-        entry = {"round": r, "train_objective": float(train_loss)}
-        entry.update(evaluate_all(evaluate, server.params, task, rep, predict_fn))
-        history.append(entry)
-        keep_selected(rep, history, server.params, selected_params)
-      if checkpoint_every and checkpoint_dir is not None and r % checkpoint_every == 0 \
-          and r < rounds:
-        save_checkpoint(checkpoint_dir, (server, cstates, selected_params),
-                        {"round": r, "history": history, "bad": int(bad),
-                         "selected": list(selected_params)})
-      if r in schedule and callback is not None:  # after the checkpoint of round r
-        callback(history[-1])
-      if r in schedule:
-        bar.set_postfix({k.replace("_accuracy", "_acc"): f"{v:.3f}" for k, v in entry.items()
-                         if k.endswith("_accuracy") and "client" not in k})
+          round_fn, fused, server, cstates, data, keys, bad, first, p.rounds, stops,
+          p.rounds_per_call)
+      if (r in p.schedule or r % CHECK_EVERY == 0 or r > first) and reps.check(bad):
+        break
+      if r in p.schedule:
+        losses = reps.flags(train_loss).astype(float)
+        for i in range(reps.S):
+          if reps.errors[i] is None:
+            params = reps.params(server, i)
+            entry = {"round": r, "train_objective": float(losses[i])}
+            entry.update(evaluate_all(p.evaluate, params, reps.tasks[i], p.rep,
+                                      p.predict_fn))
+            reps.histories[i].append(entry)
+            keep_selected(p.rep, reps.histories[i], params, reps.selected_params[i])
+      if saving and r % checkpoint_every == 0 and r < p.rounds:
+        checkpoint.save_checkpoint(checkpoint_dir, reps.state(server, cstates),
+                                   reps.meta(r, bad))
+      if r in p.schedule:
+        for i in range(reps.S):
+          if reps.errors[i] is None and callback is not None:
+            callback(i, reps.histories[i][-1])
+        if reps.S == 1 and reps.errors[0] is None:
+          bar.set_postfix({k.replace("_accuracy", "_acc"): f"{v:.3f}"
+                           for k, v in reps.histories[0][-1].items()
+                           if k.endswith("_accuracy") and "client" not in k})
       bar.update(r - first + 1)
       r += 1
-  seconds = time.perf_counter() - t0
-  selected = reporting_lib.select_rounds_by(history, rep.select, rep.select_from)
-  last = reporting_lib.last_k_mean(history, rep.last_k, rounds) if rep.last_k else None
-  return RunResult(history, history[-1], server.params, server, round_fn.strategy, seconds,
-                   selected=selected, selected_params=selected_params, last_k_mean=last,
-                   reporting=rep.to_dict() if rep else {}, probe=p.probe)
+  seconds = (time.perf_counter() - t0) / reps.S
+  return reps.results(p, server, round_fn.strategy, seconds, p.probe)

@@ -29,7 +29,7 @@ import pathlib
 import platform
 import sys
 import time
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 
@@ -176,96 +176,167 @@ def tune_row(out, *, task: str, algorithms, rounds: int, protocol: Protocol,
       task, or ``out`` a non-empty folder that this function did not write; nothing is run
       then.
   """
-  from fedjax_inv.algorithms import hparams as hp
   stream = stream or sys.stdout
   protocol.check()
-  if isinstance(algorithms, str):
-    algorithms = [a.strip() for a in algorithms.split(",")]
-  names = dict(algorithms) if isinstance(algorithms, dict) else {a: a for a in algorithms}
+  names = _column_names(algorithms)
   algos = list(names)
   task_kwargs = dict(task_kwargs or {})
-  pick = lambda d, a: {**(d or {}).get("*", {}), **(d or {}).get(a, {})}  # noqa: E731
-  own = {a: dataclasses.replace(protocol, space={**protocol.space,
-                                                 **(extra_space or {}).get(a, {})})
-         for a in algos}
-  points = {a: trial_points(names[a], own[a], fixed=pick(fixed, a)) for a in algos}
-  spaces = {a: {k: f"{r.describe()} ({r.source})"
-                for k, r in {**hp.search_space(names[a]), **own[a].space}.items()
-                if k not in set(protocol.exclude) | set(pick(fixed, a))} for a in algos}
-  out = pathlib.Path(out)
-  if out.exists() and any(out.iterdir()) and not (out / outputs.MARKER).exists():
-    raise ValueError(f"{str(out)!r} is a non-empty folder that fedjax-inv did not write; "
-                     "choose a new or empty folder (nothing was changed).")
-  first = _task(task, protocol.tuning_seeds[0], task_kwargs, protocol.val_fraction)
-  from fedjax_inv.algorithms import make_algorithm
-  for a in algos:  # every setting builds (bad names / values fail here, before any run)
-    for p in points[a]:
-      make_algorithm(names[a], **first.algorithm_settings(
-          names[a], {**pick(base, a), **pick(fixed, a), **p}))
+  out, points, spaces, first = _checked_plan(out, task, names, protocol, base, fixed,
+                                             task_kwargs, extra_space)
   kind = first.kind
   sel_key, sense = SELECTION[kind]
-  out.mkdir(parents=True, exist_ok=True)
-  (out / outputs.MARKER).write_text("written by fedjax-inv tuning\n")
-  outputs.write_json(out / "protocol.json", {
+  _write_protocol(out, {
       "task": task, "task_kwargs": task_kwargs, "algorithms": algos,
       "registry_names": names, "rounds": rounds,
       "eval_every": eval_every, "clients_per_round": clients_per_round,
       "protocol": protocol.describe(), "kind": kind,
       "selection": f"{sense} {sel_key} at the final round, mean over the tuning seeds "
                    "(held-out split of the training clients; never the OOD/test sets)",
-      "base": {a: pick(base, a) for a in algos}, "fixed": {a: pick(fixed, a) for a in algos},
-      "points": points, "spaces": spaces, "paper": paper or {}, "notes": notes,
+      "base": {a: _pick(base, a) for a in algos},
+      "fixed": {a: _pick(fixed, a) for a in algos},
+      "points": points, "spaces": spaces, "paper": paper or {}, "notes": notes})
+  row = _Row(out, rounds, dict(rounds=rounds, eval_every=eval_every,
+                               clients_per_round=clients_per_round, progress=False),
+             task, task_kwargs, protocol.val_fraction, {protocol.tuning_seeds[0]: first},
+             kind, stream)
+  _run_columns(row, names, points, base, fixed, protocol, report_start)
+  return load_row(out)
+
+
+def _pick(d: Optional[dict], a: str) -> dict:
+  """``d['*']`` updated with ``d[a]`` (``{}`` where absent): a column's base / fixed values."""
+  return {**(d or {}).get("*", {}), **(d or {}).get(a, {})}
+
+
+def _column_names(algorithms) -> dict:
+  """``{label: registry name}`` from names, a comma-separated string, or such a dict."""
+  if isinstance(algorithms, str):
+    algorithms = [a.strip() for a in algorithms.split(",")]
+  return dict(algorithms) if isinstance(algorithms, dict) else {a: a for a in algorithms}
+
+
+def _checked_plan(out, task: str, names: dict, protocol: Protocol, base, fixed,
+                  task_kwargs: dict, extra_space) -> tuple:
+  """Every check before a row writes anything; ``(out, points, spaces, first seed's task)``."""
+  from fedjax_inv.algorithms import hparams as hp
+  own = {a: dataclasses.replace(protocol, space={**protocol.space,
+                                                 **(extra_space or {}).get(a, {})})
+         for a in names}
+  points = {a: trial_points(names[a], own[a], fixed=_pick(fixed, a)) for a in names}
+  spaces = {a: {k: f"{r.describe()} ({r.source})"
+                for k, r in {**hp.search_space(names[a]), **own[a].space}.items()
+                if k not in set(protocol.exclude) | set(_pick(fixed, a))} for a in names}
+  out = pathlib.Path(out)
+  if out.exists() and any(out.iterdir()) and not (out / outputs.MARKER).exists():
+    raise ValueError(f"{str(out)!r} is a non-empty folder that fedjax-inv did not write; "
+                     "choose a new or empty folder (nothing was changed).")
+  first = _task(task, protocol.tuning_seeds[0], task_kwargs, protocol.val_fraction)
+  from fedjax_inv.algorithms import make_algorithm
+  for a in names:  # every setting builds (bad names / values fail here, before any run)
+    for p in points[a]:
+      make_algorithm(names[a], **first.algorithm_settings(
+          names[a], {**_pick(base, a), **_pick(fixed, a), **p}))
+  return out, points, spaces, first
+
+
+def _write_protocol(out: pathlib.Path, record: dict) -> None:
+  """Marks ``out`` as a row folder; writes ``protocol.json``: ``record``, machine, command."""
+  out.mkdir(parents=True, exist_ok=True)
+  (out / outputs.MARKER).write_text("written by fedjax-inv tuning\n")
+  outputs.write_json(out / "protocol.json", {
+      **record,
       "machine": {"platform": platform.platform(), "processor": platform.processor(),
                   "python": platform.python_version()},
       "command": " ".join(sys.argv)})
-  run_kw = dict(rounds=rounds, eval_every=eval_every, clients_per_round=clients_per_round,
-                progress=False)
-  tasks = {protocol.tuning_seeds[0]: first}
 
-  def task_for(s):
-    if s not in tasks:
-      tasks[s] = _task(task, s, task_kwargs, protocol.val_fraction)
-    return tasks[s]
+
+@dataclasses.dataclass
+class _Row:
+  """What every run of a row shares: folder, rounds, run keywords, tasks per seed, stream."""
+  out: pathlib.Path
+  rounds: int
+  run_kw: dict
+  task: str
+  task_kwargs: dict
+  val_fraction: float
+  tasks: dict
+  kind: str
+  stream: Any
+
+  def task_for(self, seed: int):
+    """The task of ``seed`` with its validation split, built once."""
+    if seed not in self.tasks:
+      self.tasks[seed] = _task(self.task, seed, self.task_kwargs, self.val_fraction)
+    return self.tasks[seed]
+
+  def run(self, a: str, name: str, file: str, trial: int, point: dict, settings: dict,
+          seed: int) -> dict:
+    """Runs (or reloads) one run of column ``a`` into ``runs/<a>/<file>``."""
+    return _run_one(self.out / "runs" / a / file,
+                    {"trial": trial, "point": point, "seed": seed, "settings": settings,
+                     "rounds": self.rounds}, self.task_for(seed), name, settings,
+                    self.run_kw, a)
+
+
+def _run_columns(row: _Row, names: dict, points: dict, base, fixed, protocol: Protocol,
+                 report_start: bool) -> None:
+  """Tunes, selects (``selected.json``) and reports every column, one after another."""
+  sense = SELECTION[row.kind][1]
   selected = {}
-  for a in algos:
-    scores = []
-    for i, p in enumerate(points[a] if protocol.trials > 1 else []):
-      settings = {**pick(base, a), **pick(fixed, a), **p}
-      per_seed = []
-      for s in protocol.tuning_seeds:
-        t0 = time.perf_counter()
-        rec = _run_one(out / "runs" / a / f"tune-{i:02d}-seed{s}.json",
-                       {"trial": i, "point": p, "seed": s, "settings": settings,
-                        "rounds": rounds}, task_for(s), names[a], settings, run_kw, a)
-        per_seed.append(_score(rec["final"], kind))
-        print(f"  {a:16s} trial {i:2d} seed {s}: {sel_key}="
-              f"{'diverged' if rec['final'] is None else round(rec['final'].get(sel_key, rec['final'].get('val_accuracy', float('nan'))), 4)}"
-              f" {json.dumps(p)} ({time.perf_counter() - t0:.0f}s)", file=stream, flush=True)
-      scores.append(float(np.mean(per_seed)))
-    if scores:
-      best = int(np.argmax(scores))  # ties: the lowest trial index
-      selected[a] = {"trial": best, "point": points[a][best],
-                     "score": scores[best] if sense == "max" else -scores[best],
-                     "scores": [s if sense == "max" else -s for s in scores]}
-    else:  # one trial: nothing to select, so nothing runs on the tuning seeds
-      best = 0
-      selected[a] = {"trial": 0, "point": {}, "score": None, "scores": []}
-    outputs.write_json(out / "selected.json", selected)
+  for a in names:
+    start = {**_pick(base, a), **_pick(fixed, a)}
+    scores = _tune_column(row, a, names[a], points[a] if protocol.trials > 1 else [],
+                          start, protocol.tuning_seeds)
+    best, selected[a] = _selected_entry(scores, points[a], sense)
+    outputs.write_json(row.out / "selected.json", selected)
     reported = [("", best)] + ([("starting-", 0)] if report_start and best != 0 else [])
-    for prefix, trial in reported:
-      settings = {**pick(base, a), **pick(fixed, a), **points[a][trial]}
-      for s in protocol.report_seeds:
-        t0 = time.perf_counter()
-        rec = _run_one(out / "runs" / a / f"report-{prefix}seed{s}.json",
-                       {"trial": trial, "point": points[a][trial], "seed": s,
-                        "settings": settings, "rounds": rounds}, task_for(s), names[a],
-                       settings, run_kw, a)
-        print(f"  {a:16s} report {prefix}seed {s}: " + (
-            "diverged" if rec["final"] is None else " ".join(
-                f"{k}={v:.4f}" for k, v in rec["final"].items()
-                if k.endswith(("_accuracy", "_mse")) and "client" not in k))
-            + f" ({time.perf_counter() - t0:.0f}s)", file=stream, flush=True)
-  return load_row(out)
+    _report_column(row, a, names[a], points[a], start, reported, protocol.report_seeds)
+
+
+def _tune_column(row: _Row, a: str, name: str, points: list, start: dict,
+                 seeds: tuple) -> list:
+  """Runs each point on the tuning ``seeds``; the mean score of each (higher is better)."""
+  sel_key = SELECTION[row.kind][0]
+  scores = []
+  for i, p in enumerate(points):
+    settings = {**start, **p}
+    per_seed = []
+    for s in seeds:
+      t0 = time.perf_counter()
+      rec = row.run(a, name, f"tune-{i:02d}-seed{s}.json", i, p, settings, s)
+      per_seed.append(_score(rec["final"], row.kind))
+      print(f"  {a:16s} trial {i:2d} seed {s}: {sel_key}="
+            f"{'diverged' if rec['final'] is None else round(rec['final'].get(sel_key, rec['final'].get('val_accuracy', float('nan'))), 4)}"
+            f" {json.dumps(p)} ({time.perf_counter() - t0:.0f}s)", file=row.stream, flush=True)
+    scores.append(float(np.mean(per_seed)))
+  return scores
+
+
+def _selected_entry(scores: list, points: list, sense: str) -> tuple:
+  """``(best trial, its selected.json entry)`` from a column's mean tuning scores."""
+  if scores:
+    best = int(np.argmax(scores))  # ties: the lowest trial index
+    return best, {"trial": best, "point": points[best],
+                  "score": scores[best] if sense == "max" else -scores[best],
+                  "scores": [s if sense == "max" else -s for s in scores]}
+  # one trial: nothing to select, so nothing runs on the tuning seeds
+  return 0, {"trial": 0, "point": {}, "score": None, "scores": []}
+
+
+def _report_column(row: _Row, a: str, name: str, points: list, start: dict,
+                   reported: list, seeds: tuple) -> None:
+  """Runs each ``(file prefix, trial)`` of ``reported`` on the report ``seeds``."""
+  for prefix, trial in reported:
+    settings = {**start, **points[trial]}
+    for s in seeds:
+      t0 = time.perf_counter()
+      rec = row.run(a, name, f"report-{prefix}seed{s}.json", trial, points[trial], settings,
+                    s)
+      print(f"  {a:16s} report {prefix}seed {s}: " + (
+          "diverged" if rec["final"] is None else " ".join(
+              f"{k}={v:.4f}" for k, v in rec["final"].items()
+              if k.endswith(("_accuracy", "_mse")) and "client" not in k))
+          + f" ({time.perf_counter() - t0:.0f}s)", file=row.stream, flush=True)
 
 
 def load_row(out) -> dict:

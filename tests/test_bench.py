@@ -1,5 +1,6 @@
-"""The benchmark harness: its baseline loop equals the engine, its FLOP counter is exact on
-closed forms, and `fedjax-inv bench` writes a ratio_vs_loop per row."""
+"""The benchmark harness (fedjax_inv.benchmarks): its baseline loop (loop_round.LoopRound,
+not an engine strategy) equals the engine, its FLOP counter (flops) is exact on closed
+forms, and `fedjax-inv bench` writes a ratio_vs_loop per row."""
 import json
 
 import chex
@@ -9,7 +10,9 @@ import numpy as np
 import pytest
 
 from fedjax_inv import models
-from fedjax_inv.benchmarks import harness as bench
+from fedjax_inv.benchmarks import flops, harness as bench, peers, plots, summary, timing
+from fedjax_inv.benchmarks import workloads
+from fedjax_inv.benchmarks.loop_round import LoopRound
 from fedjax_inv.algorithms import make_algorithm
 from fedjax_inv.cli import main
 from fedjax_inv.core import engine
@@ -29,7 +32,7 @@ def test_loop_baseline_equals_engine(tiny_binary, name, kw):
   alg = make_algorithm(name, **kw)
   key = jax.random.key(3)
   rf = engine.build_round(model, "binary", alg, 5, 4, execution="scan")
-  loop = bench.build_loop_round(model, "binary", alg, 5, 4)
+  loop = LoopRound(model, "binary", alg, 5, 4)
   s1, c1 = engine.init_state(alg, model.init(0), 5)
   s2, c2 = engine.init_state(alg, model.init(0), 5)
   assert loop.compile(s2, c2, data, key) > 0
@@ -47,13 +50,31 @@ def test_loop_baseline_equals_engine(tiny_binary, name, kw):
 def test_loop_rejects_bad_cohort(tiny_binary):
   data, model = tiny_binary
   with pytest.raises(ValueError, match="clients_per_round=6"):
-    bench.build_loop_round(model, "binary", make_algorithm("fedavg"), 5, 6)
+    LoopRound(model, "binary", make_algorithm("fedavg"), 5, 6)
+
+
+def test_engine_has_no_loop_strategy_and_names_the_baseline(tiny_binary):
+  """'loop' lives in the benchmarks, not in core: build_round refuses it with the fix."""
+  data, model = tiny_binary
+  with pytest.raises(ValueError, match=r"execution='loop'.*"
+                     r"fedjax_inv\.benchmarks\.loop_round\.LoopRound"):
+    engine.build_round(model, "binary", make_algorithm("fedavg"), 5, 4, execution="loop")
+  assert "loop" not in engine.STRATEGIES
+
+
+def test_harness_reexports_its_pieces():
+  """harness.py is the CLI; callers (notebooks, scripts) keep using its names."""
+  assert bench.run_config is timing.run_config
+  assert bench.synthetic_pool is workloads.synthetic_pool
+  assert bench.workloads is workloads.workloads
+  assert bench.LoopRound is LoopRound and bench.count_flops is flops.count_flops
+  assert bench.format_table is plots.format_table and callable(bench.machine_info)
 
 
 def test_count_flops_closed_forms():
   m, k, n = 8, 16, 4
   a, b = jnp.ones((m, k)), jnp.ones((k, n))
-  assert bench.count_flops(jnp.dot, a, b) == 2 * m * k * n
+  assert flops.count_flops(jnp.dot, a, b) == 2 * m * k * n
   xla = jax.jit(jnp.dot).lower(a, b).compile().cost_analysis()
   xla = xla[0] if isinstance(xla, (list, tuple)) else xla
   assert xla["flops"] == 2 * m * k * n
@@ -62,7 +83,7 @@ def test_count_flops_closed_forms():
     return jax.lax.scan(lambda c, _: (jnp.tanh(c @ w), None), a, None, length=7)[0]
   w = jnp.ones((k, k))
   want = 7 * (2 * m * k * k + m * k)
-  assert bench.count_flops(looped, a, w) == want
+  assert flops.count_flops(looped, a, w) == want
   # XLA's cost analysis counts the loop body once: the harness must not rely on it.
   ca = jax.jit(looped).lower(a, w).compile().cost_analysis()
   ca = ca[0] if isinstance(ca, (list, tuple)) else ca
@@ -73,9 +94,9 @@ def test_count_flops_closed_forms():
   w = jnp.ones((3, 3, 3, 5))
   conv = lambda x, w: jax.lax.conv_general_dilated(  # noqa: E731
       x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
-  assert bench.count_flops(conv, x, w) == 2 * (2 * 8 * 8 * 5) * 3 * 3 * 3
+  assert flops.count_flops(conv, x, w) == 2 * (2 * 8 * 8 * 5) * 3 * 3 * 3
   # vmap folds into the batch dimension of dot_general
-  assert bench.count_flops(jax.vmap(jnp.dot), jnp.ones((5, m, k)),
+  assert flops.count_flops(jax.vmap(jnp.dot), jnp.ones((5, m, k)),
                            jnp.ones((5, k, n))) == 5 * 2 * m * k * n
 
 
@@ -84,16 +105,16 @@ def test_engine_and_loop_count_the_same_work(tiny_binary):
   alg = make_algorithm("fedavg", client_lr=0.1, local_steps=3, batch_size=8)
   key = jax.random.key(0)
   s, c = engine.init_state(alg, model.init(0), 5)
-  per_strategy = [bench.count_flops(engine.build_round(model, "binary", alg, 5, 4,
+  per_strategy = [flops.count_flops(engine.build_round(model, "binary", alg, 5, 4,
                                                        execution=st, jit=False),
                                     s, c, data, key)
                   for st in ("vmap", "scan", "chunked")]
   # the same model work; only the summation of client statistics differs slightly
   assert max(per_strategy) == pytest.approx(min(per_strategy), rel=0.02)
-  loop = bench.build_loop_round(model, "binary", alg, 5, 4)
+  loop = LoopRound(model, "binary", alg, 5, 4)
   loop.compile(s, c, data, key)
   # (the masked aggregation's selects are counted per call in the loop: ~1.2% here)
-  assert bench.loop_flops(loop, s, c, data, key) == pytest.approx(per_strategy[0], rel=0.02)
+  assert flops.loop_flops(loop, s, c, data, key) == pytest.approx(per_strategy[0], rel=0.02)
   # 4 clients x 3 steps x (forward + backward >= 2 forward matmuls of a 6-8-1 MLP on 8
   # examples) is the bulk of the work
   forward = 2 * 8 * (6 * 8 + 8 * 1)
@@ -112,7 +133,7 @@ def test_ratio_vs_loop_direction_and_grouping():
   rows = [_rrow("loop", 8, 3.0), _rrow("auto", 8, 1.0), _rrow("scan", 8, 6.0),
           _rrow("vmap", 8, None), _rrow("loop", 4, 1.0), _rrow("auto", 4, 4.0),
           _rrow("auto", 8, 0.5, "mlp_fedsgd")]
-  assert bench.add_ratios_vs_loop(rows) is rows
+  assert summary.add_ratios_vs_loop(rows) is rows
   r = {(x["workload"], x["impl"], x["clients"]): x["ratio_vs_loop"] for x in rows}
   assert r["mlp_fedavg", "loop", 8] == 1.0 and r["mlp_fedavg", "loop", 4] == 1.0
   assert r["mlp_fedavg", "auto", 8] == pytest.approx(3.0)   # 3x faster than the loop
@@ -124,14 +145,14 @@ def test_ratio_vs_loop_direction_and_grouping():
 
 def test_summary_and_peer_merge_compute_ratios():
   row = _rrow
-  rows = bench.add_ratios_vs_loop(
+  rows = summary.add_ratios_vs_loop(
       [row("loop", 1000, 2.0), row("auto", 1000, 1.0), row("loop", 10, 0.1),
        row("auto", 10, 0.2), row("auto", 1000, 1.2, "mlp_fishr_inter_geo")])
-  merged = bench.merge_peers(rows, [dict(row("torch 2.13.0 loop", 1000, 6.0,
+  merged = peers.merge_peers(rows, [dict(row("torch 2.13.0 loop", 1000, 6.0,
                                              source="peer"))])
   peer = merged[-1]
   assert peer["ratio_vs_loop"] == pytest.approx(2.0 / 6.0)
-  s = bench.summarize(merged)
+  s = summary.summarize(merged)
   assert s["auto_vs_loop_at_1000"] == pytest.approx(2.0)
   assert s["auto_vs_loop_min"] == pytest.approx(0.5)
   assert s["auto_vs_torch_loop"][1000] == pytest.approx(6.0)
@@ -145,15 +166,15 @@ def test_summary_auto_vs_pfl_uses_pfls_fastest_layout_per_workload():
           row("pfl 0.6.0 (torch 2.13, 2x1)", 100, 1.5, source="peer"),
           row("pfl 0.6.0 (torch 2.13, 2x1)", 100, 3.0, "cnn_fedavg", source="peer"),
           row("torch 2.13.0 loop", 100, 0.1, source="peer")]  # not pfl: ignored
-  s = bench.summarize(rows)
+  s = summary.summarize(rows)
   assert s["auto_vs_pfl"] == {"mlp_fedavg": {100: pytest.approx(3.0)},
                               "cnn_fedavg": {100: pytest.approx(1.5)}}
 
 
 def test_run_peers_reports_a_missing_environment(tmp_path):
-  rows, notes = bench.run_peers(str(tmp_path / "no-python"), [10], 1, 2, timeout_s=5)
+  rows, notes = peers.run_peers(str(tmp_path / "no-python"), [10], 1, 2, timeout_s=5)
   assert rows == [] and "setup.sh" in notes[0]
-  rows, notes = bench.run_peers(str(tmp_path / "no-python"), [10], 1, 2, timeout_s=5,
+  rows, notes = peers.run_peers(str(tmp_path / "no-python"), [10], 1, 2, timeout_s=5,
                                 script="bench_pfl.py", setup="setup_pfl.sh")
   assert rows == [] and notes[0].startswith("bench_pfl:") and "setup_pfl.sh" in notes[0]
 
@@ -209,8 +230,8 @@ def test_cli_bench_rejects_bad_flags(argv, match, capsys):
 
 def test_mlp_step_shapes_and_shape_peak():
   # 784-128-10 at batch 32: fwd + weight grad per layer, input grad above the first.
-  assert bench.mlp_step_shapes(32, (784, 128, 10)) == [
+  assert flops.mlp_step_shapes(32, (784, 128, 10)) == [
       (32, 784, 128), (784, 32, 128), (32, 128, 10), (128, 32, 10), (32, 10, 128)]
-  assert bench.measure_shape_peak([(4, 5, 6)], iters=3, reps=1) > 0
+  assert flops.measure_shape_peak([(4, 5, 6)], iters=3, reps=1) > 0
   with pytest.raises(ValueError, match="shapes"):
-    bench.measure_shape_peak([(4, 0, 6)])
+    flops.measure_shape_peak([(4, 0, 6)])

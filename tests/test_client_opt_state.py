@@ -13,8 +13,9 @@ import pytest
 
 from tests.trees import max_abs_diff
 
-from fedjax_inv import simulation
+from fedjax_inv import checkpoint, simulation
 from fedjax_inv.algorithms import make_algorithm, registry
+from fedjax_inv.benchmarks.loop_round import LoopRound
 from fedjax_inv.core.algorithm import CLIENT_OPT_STATE, Component
 from fedjax_inv.core.engine import build_round, init_state
 from fedjax_inv.tasks import Task
@@ -78,8 +79,11 @@ def _reference(model, data, params, *, rounds, cohort, key, persistent):
 
 
 def _engine(model, data, alg, cohort, execution="scan", rounds=ROUNDS, seed=0):
-  rf = build_round(model, "binary", alg, data.num_clients, cohort, execution=execution,
-                   chunk_size=2)
+  if execution == "loop":  # the benchmark baseline: built directly, not an engine strategy
+    rf = LoopRound(model, "binary", alg, data.num_clients, cohort)
+  else:
+    rf = build_round(model, "binary", alg, data.num_clients, cohort, execution=execution,
+                     chunk_size=2)
   server, cs = init_state(alg, model.init(seed), data.num_clients)
   for _ in range(rounds):
     server, cs, _ = rf(server, cs, data, jax.random.key(seed))
@@ -225,7 +229,7 @@ def test_checkpoint_resume_is_bit_identical_with_persistent_state(tiny_binary, t
   # the checkpoint holds the momentum buffers, not zeros
   model = alg.model_for(task.model)
   target = (*init_state(alg, model.init(3), task.train.num_clients), {})  # no selection
-  (_, cs, _), meta = simulation.load_checkpoint(ckpt, target)
+  (_, cs, _), meta = checkpoint.load_checkpoint(ckpt, target)
   assert meta["round"] == 2
   assert float(jnp.max(jnp.abs(jax.tree.leaves(cs[CLIENT_OPT_STATE])[0]))) > 1e-3
   res = simulation.run(task, alg, seed=3, checkpoint_dir=ckpt, checkpoint_every=2, **RUN)
@@ -233,9 +237,9 @@ def test_checkpoint_resume_is_bit_identical_with_persistent_state(tiny_binary, t
   chex.assert_trees_all_equal(res.params, ref.params)
   # resuming with the buffers zeroed would not be the same run (so the check above bites)
   zeroed = tmp_path / "zeroed"
-  server, cs, _ = simulation.load_checkpoint(ckpt, target)[0]
+  server, cs, _ = checkpoint.load_checkpoint(ckpt, target)[0]
   cs = {**cs, CLIENT_OPT_STATE: jax.tree.map(jnp.zeros_like, cs[CLIENT_OPT_STATE])}
-  simulation.save_checkpoint(zeroed, (server, cs, {}), meta)
+  checkpoint.save_checkpoint(zeroed, (server, cs, {}), meta)
   other = simulation.run(task, alg, seed=3, checkpoint_dir=zeroed, checkpoint_every=2,
                          **RUN)
   assert _maxdiff(other.params, ref.params) > 1e-4

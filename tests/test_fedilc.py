@@ -17,7 +17,7 @@ import pytest
 from fedjax_inv import aggregators as aggs
 from fedjax_inv import models, penalties
 from fedjax_inv.algorithms import make_algorithm, registry
-from fedjax_inv.algorithms import fedcurv, fedilc, fishr
+from fedjax_inv.algorithms import fedcurv, fedilc, fedsgd_type, fishr
 from fedjax_inv.core import losses
 from fedjax_inv.core.algorithm import Batch, Context, Objective
 from fedjax_inv.core.data import ClientData
@@ -601,7 +601,7 @@ def test_server_optimizers_closed_form():
       "adamw": -lr * (g["a"] / (jnp.abs(g["a"]) + eps) + wd * w["a"]),
   }
   for name, expected in want.items():
-    opt = fedilc.server_optimizer(name, lr, wd, eps=eps)
+    opt = fedsgd_type.server_optimizer(name, lr, wd, eps=eps)
     upd, _ = opt.update(g, opt.init(w), w)
     np.testing.assert_allclose(np.asarray(upd["a"]), np.asarray(expected), rtol=1e-5)
 

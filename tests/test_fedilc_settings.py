@@ -25,9 +25,10 @@ from fedjax_inv.core import losses
 from fedjax_inv.core.algorithm import Batch, Context, Objective
 from fedjax_inv.data import sources
 from fedjax_inv.tasks import make_task
+from fedjax_inv.tasks.fedilc_settings import FEDILC_METHODS, fedilc_task_settings
 from tests.trees import max_abs_diff
 
-METHODS = fedilc.FEDILC_METHODS
+METHODS = FEDILC_METHODS
 # FedILC §5.1.1-5.1.3 and the official main.py commands: lr, wd, λ, Intra-Geo batch.
 PAPER = {
     "colored_mnist_fedilc": dict(server_lr=3e-4, weight_decay=0.01, fishr_lambda=15.0,
@@ -126,14 +127,14 @@ def test_inter_geo_run_on_cifar_uses_full_client_gradients(fedilc_tasks):
 
 def test_fedilc_task_settings_rejects_bad_values():
   with pytest.raises(ValueError, match="server_lr"):
-    fedilc.fedilc_task_settings(server_lr=0.0, weight_decay=0.0, fishr_lambda=1.0,
-                                group_size=8)
+    fedilc_task_settings(server_lr=0.0, weight_decay=0.0, fishr_lambda=1.0,
+                         group_size=8)
   with pytest.raises(ValueError, match="fishr_lambda"):
-    fedilc.fedilc_task_settings(server_lr=1e-3, weight_decay=0.0, fishr_lambda=-1.0,
-                                group_size=8)
+    fedilc_task_settings(server_lr=1e-3, weight_decay=0.0, fishr_lambda=-1.0,
+                         group_size=8)
   with pytest.raises(ValueError, match="group_size"):
-    fedilc.fedilc_task_settings(server_lr=1e-3, weight_decay=0.0, fishr_lambda=1.0,
-                                group_size=0)
+    fedilc_task_settings(server_lr=1e-3, weight_decay=0.0, fishr_lambda=1.0,
+                         group_size=0)
 
 
 # ---------------------------------------------------------------------------------------

@@ -4,6 +4,10 @@ every module of fedjax_inv (module level and inside functions) and checks that
 * no import cycle exists between modules (not even one hidden in a function body);
 * ``fedjax_inv/core`` (the engine) imports nothing of the package outside ``core``;
 * ``fedjax_inv/data`` (sources and partitioners) imports no task, algorithm or runner;
+* ``fedjax_inv/tasks`` imports only ``core``, ``data``, ``models`` and ``tasks`` (issue
+  22: no algorithm, no run layer; an algorithm's settings on a task are task data);
+* ``fedjax_inv/outputs.py`` (the output writer), ``fedjax_inv/penalties.py`` and
+  ``fedjax_inv/aggregators.py`` import nothing of the package outside ``core``;
 * the package list of pyproject.toml names every package folder (the harness in
   benchmarks/ installs as fedjax_inv.benchmarks);
 * the public API's ``__all__`` names exist.
@@ -103,6 +107,8 @@ def test_the_walker_sees_imports_and_cycles():
   assert "fedjax_inv.core.engine" in g["fedjax_inv.simulation"]
   assert "fedjax_inv.core.memory" in g["fedjax_inv.core.engine"]  # a function-level import
   assert "fedjax_inv.benchmarks.harness" in g["fedjax_inv.cli"]
+  # a function-level import in a guarded layer
+  assert "fedjax_inv.data.colored_mnist" in g["fedjax_inv.tasks.colored_mnist"]
   assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
@@ -122,6 +128,71 @@ def test_data_imports_no_tasks_algorithms_or_runners():
   bad = {m: sorted(d for d in deps if d.startswith(upward))
          for m, deps in _graph().items() if m.startswith("fedjax_inv.data")}
   assert {m: d for m, d in bad.items() if d} == {}
+
+
+def _within(module: str, packages) -> bool:
+  return any(module == p or module.startswith(p + ".") for p in packages)
+
+
+def _outside(allowed, modules) -> dict:
+  """``{module: [its package imports outside the packages in allowed]}`` for every module
+  of the graph within ``modules``, empty lists left out."""
+  bad = {m: sorted(d for d in deps if not _within(d, allowed))
+         for m, deps in _graph().items() if _within(m, modules)}
+  return {m: d for m, d in bad.items() if d}
+
+
+# What a task module may import. The run layer (what builds and runs experiments out of
+# tasks and algorithms) and the algorithms are above it.
+TASKS_MAY_IMPORT = ("fedjax_inv.core", "fedjax_inv.data", "fedjax_inv.models",
+                    "fedjax_inv.tasks")
+RUN_LAYER = ("fedjax_inv.simulation", "fedjax_inv.replicas", "fedjax_inv.sweep",
+             "fedjax_inv.experiment", "fedjax_inv.tuning", "fedjax_inv.cli",
+             "fedjax_inv.lodo", "fedjax_inv.checkpoint")
+# Evaluation (metrics, model selection, the LODO tables) is below the run layer: it reads
+# models, client data and histories, and may use the output writer's small helpers.
+EVAL_MAY_IMPORT = ("fedjax_inv.core", "fedjax_inv.eval", "fedjax_inv.outputs")
+# Known violations of the guards below, each to be removed with the import it names (a
+# stale entry fails test_known_violations_still_exist, so the list cannot outlive a fix).
+KNOWN: set = set()
+
+
+def _unknown(bad: dict) -> dict:
+  out = {m: [d for d in deps if (m, d) not in KNOWN] for m, deps in bad.items()}
+  return {m: d for m, d in out.items() if d}
+
+
+def test_known_violations_still_exist():
+  g = _graph()
+  assert [(m, d) for m, d in sorted(KNOWN) if d not in g.get(m, ())] == []
+
+
+def test_tasks_import_only_core_data_models_tasks():
+  """A task is data (clients, eval sets, model, defaults): no algorithm (the settings of
+  FedILC's methods on a task are in ``tasks/fedilc_settings.py``), nothing of the run
+  layer."""
+  assert _unknown(_outside(TASKS_MAY_IMPORT, ("fedjax_inv.tasks",))) == {}
+
+
+def test_outputs_penalties_aggregators_import_only_core():
+  bad = _outside(("fedjax_inv.core",), ("fedjax_inv.outputs", "fedjax_inv.penalties",
+                                        "fedjax_inv.aggregators"))
+  assert _unknown(bad) == {}
+
+
+def test_eval_imports_only_core_eval_outputs():
+  """``eval`` holds evaluation only: no runner (the leave-one-domain-out runner is
+  ``fedjax_inv.lodo``), no task or algorithm."""
+  assert _unknown(_outside(EVAL_MAY_IMPORT, ("fedjax_inv.eval",))) == {}
+
+
+def test_the_guards_see_a_violation():
+  # guards against guards that cannot fail
+  assert _outside(("fedjax_inv.core",), ("fedjax_inv.tasks.base",)) != {}  # imports models
+  assert _unknown({"fedjax_inv.tasks.x": ["fedjax_inv.algorithms.fedilc"]}) != {}
+  for m in RUN_LAYER + ("fedjax_inv.algorithms.fedilc", "fedjax_inv"):
+    assert not _within(m, TASKS_MAY_IMPORT), m
+    assert not _within(m, EVAL_MAY_IMPORT), m
 
 
 def test_public_api():

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from fedjax_inv import cli
-from fedjax_inv import simulation
+from fedjax_inv import checkpoint, simulation
 
 ARGS = ["run", "--task", "linear_regression", "--algorithm", "fedavg", "--seeds", "2",
         "--rounds", "4", "--eval-every", "2", "--no-progress"]
@@ -181,11 +181,11 @@ def test_cli_resume_continues_the_current_run_from_its_checkpoint(tmp_path, monk
 
   monkeypatch.setattr(simulation, "run", interrupted_run)
   assert cli.main(ARGS + ["--checkpoint-every", "1", "--out", str(out)]) == 130
-  assert simulation.latest_checkpoint(out / "fedavg" / "seed1" / "checkpoint") == 2
+  assert checkpoint.latest_checkpoint(out / "fedavg" / "seed1" / "checkpoint") == 2
   starts = []
 
   def counting_run(*a, **k):
-    starts.append((k["seed"], simulation.latest_checkpoint(k["checkpoint_dir"])))
+    starts.append((k["seed"], checkpoint.latest_checkpoint(k["checkpoint_dir"])))
     return real_run(*a, **k)
   monkeypatch.setattr(simulation, "run", counting_run)
   assert cli.main(["run", "--resume", str(out), "--no-progress"]) == 0
@@ -231,13 +231,13 @@ def test_sigkill_mid_run_then_resume_is_bit_identical(tmp_path, monkeypatch):
       proc.kill()
   assert proc.returncode == -signal.SIGKILL, "the run ended before it could be killed"
   assert not (out / "fedavg" / "seed0" / "summary.json").exists()
-  at = simulation.latest_checkpoint(ckpt)
+  at = checkpoint.latest_checkpoint(ckpt)
   assert at is not None and 10 <= at < 60
   real_run = simulation.run
   starts = []
 
   def counting_run(*a, **k):
-    starts.append(simulation.latest_checkpoint(k["checkpoint_dir"]))
+    starts.append(checkpoint.latest_checkpoint(k["checkpoint_dir"]))
     return real_run(*a, **k)
   monkeypatch.setattr(simulation, "run", counting_run)
   assert cli.main(["run", "--resume", str(out), "--no-progress"]) == 0
@@ -247,3 +247,42 @@ def test_sigkill_mid_run_then_resume_is_bit_identical(tmp_path, monkeypatch):
   assert a["status"] == "ok" and a["final"] == b["final"]
   key = lambda r: (r["seed"], r["round"])
   assert sorted(_rows(out), key=key) == sorted(_rows(ref), key=key)  # every evaluation
+
+
+@pytest.mark.slow
+def test_cli_resume_of_batched_replicas_from_their_checkpoint(tmp_path, monkeypatch):
+  """Issue 22: `--replicas batched` no longer turns checkpoints off: the batch (both seeds
+  in one program) saves one checkpoint, an interrupted batch resumes from it, and the
+  results equal an uninterrupted batched run exactly."""
+  from fedjax_inv import replicas
+  args = ARGS + ["--replicas", "batched", "--checkpoint-every", "1", "--rounds", "5"]
+  ref = tmp_path / "ref"
+  assert cli.main(args + ["--out", str(ref)]) == 0
+  real = replicas.run_replicas
+
+  def interrupted(*a, callback=None, **k):
+    def cb(s, entry):
+      callback(s, entry)
+      if entry["round"] == 2:
+        raise KeyboardInterrupt
+    return real(*a, callback=cb, **k)
+  monkeypatch.setattr(replicas, "run_replicas", interrupted)
+  out = tmp_path / "exp"
+  assert cli.main(args + ["--out", str(out)]) == 130
+  batch = [p for p in (out / "fedavg").iterdir() if p.name.startswith("batch-")]
+  assert len(batch) == 1 and checkpoint.latest_checkpoint(batch[0] / "checkpoint") == 2
+  starts = []
+
+  def counting(*a, **k):
+    starts.append(checkpoint.latest_checkpoint(k["checkpoint_dir"]))
+    return real(*a, **k)
+  monkeypatch.setattr(replicas, "run_replicas", counting)
+  assert cli.main(["run", "--resume", str(out), "--no-progress"]) == 0
+  assert starts == [2]  # the batch continued from its round-2 checkpoint
+  assert not batch[0].exists()  # ours, removed when the batch is over
+  a = json.loads((out / "summary.json").read_text())
+  b = json.loads((ref / "summary.json").read_text())
+  assert a["status"] == "ok" and a["table"] == b["table"]
+  assert [r["final"] for r in a["runs"]] == [r["final"] for r in b["runs"]]
+  key = lambda r: (r["seed"], r["round"])
+  assert sorted(_rows(out), key=key) == sorted(_rows(ref), key=key)

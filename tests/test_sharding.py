@@ -2,7 +2,8 @@
 a 100,000-client pool runs rounds with its data resident on device.
 
 The 8-device checks run in a subprocess, because ``XLA_FLAGS`` must be set before JAX is
-imported (DESIGN.md §1: shard the client axis over a ``clients`` mesh).
+imported (shard the client axis over a ``clients`` mesh: docs/ARCHITECTURE.md, 'A round
+is a map-reduce over a client axis').
 """
 import json
 import os

@@ -31,7 +31,6 @@ import os
 import pathlib
 import platform
 import sys
-import time
 
 import numpy as np
 
@@ -85,69 +84,50 @@ def _fairness_accuracies(evaluate, params, task, metrics) -> list:
 
 def run_one(method: str, seed: int, rounds: int, sets: dict, data_dir=None,
             task_name: str = TASK) -> dict:
-  """Trains one row on one seed; returns the metrics at the lowest-OOD-loss round."""
-  import jax
+  """Trains one row on one seed with the library's training loop
+  (``fedjax_inv.simulation.run``, every round evaluated, the lowest-OOD-loss round from
+  round ``FIRST_REPORTABLE + 1`` selected by ``Reporting``); returns the metrics at that
+  round. Rounds in the returned ``best_round`` / ``history`` are 0-based, as the official
+  code's ``round_idx`` and the committed ``results/*.json``."""
   from fedjax_inv.algorithms import make_algorithm
-  from fedjax_inv.core.engine import build_round, init_state
   from fedjax_inv.eval import build_evaluator, metrics
+  from fedjax_inv.simulation import run
   from fedjax_inv.tasks import make_task
 
   name, extra = ROWS[method]
   task = make_task(task_name, data_dir=data_dir, seed=seed)
-  hp = task.algorithm_settings(name, {**extra, **sets})
-  alg = make_algorithm(name, **hp)
+  alg = make_algorithm(name, **task.algorithm_settings(name, {**extra, **sets}))
+  rule = "min:ood_loss"
+  res = run(task, alg, rounds=rounds, seed=seed, eval_every=1, progress=False,
+            reporting={"select": [rule], "select_from": FIRST_REPORTABLE + 1})
   model = alg.model_for(task.model)
-  n = task.train.num_clients
-  round_fn = build_round(model, task.kind, alg, n, n, execution="auto")
   evaluate = build_evaluator(model, task.kind, alg)
-  params = model.init(seed)
-  server, cstates = init_state(alg, params, n)
-  key = jax.random.key(seed)
-  ood = task.eval_sets["ood"]
-  hist, best = [], None
-  t0 = time.perf_counter()
-  for r in range(rounds):
-    server, cstates, m = round_fn(server, cstates, task.train, key)
-    od = evaluate(server.params, ood)  # every round: the OOD set picks the round
-    e = {"round": r, "train_objective": float(m["train_loss"]),
-         "ood_loss": float(od["loss_sum"].sum() / od["n"].sum()),
-         "ood_accuracy": float(od["correct"].sum() / od["n"].sum())}
-    if "fishr" in server.extras:
-      e["fishr_penalty"] = float(server.extras["fishr"]["penalty"])
-    hist.append(e)
-    if not np.isfinite(e["ood_loss"]):
-      break
-    if r >= FIRST_REPORTABLE and (best is None or e["ood_loss"] < best[0]["ood_loss"]):
-      best = (e, server.params)
-  secs = time.perf_counter() - t0
-  e, p = best
-  tr = evaluate(p, task.train)  # training clients at the reported round (fairness)
-  e["train_accuracy"] = float(tr["correct"].sum() / tr["n"].sum())
-  e["client_accuracy"] = _fairness_accuracies(evaluate, p, task, metrics)
-  trf = evaluate(server.params, task.train)
-  hist[-1]["train_accuracy"] = float(trf["correct"].sum() / trf["n"].sum())
-  acc = np.asarray(e["client_accuracy"])
+  keys = ("round", "train_objective", "ood_loss", "ood_accuracy")
+  hist = [{k: h[k] - 1 if k == "round" else h[k] for k in keys} for h in res.history]
+  hist[-1]["train_accuracy"] = res.final["train_accuracy"]
+  sel, p = res.selected[rule], res.selected_params[rule]
+  acc = np.asarray(_fairness_accuracies(evaluate, p, task, metrics))
   ranking = {k: float("nan") for k in ("auroc", "auprc", "auroc_thresholded",
                                        "auprc_thresholded")}
   if task.kind == "binary":
+    ood = task.eval_sets["ood"]
     logits, mask = metrics.predict(model, p, ood)
     s, y = logits[mask > 0][:, 0], np.asarray(ood.y)[mask > 0]
     ranking = {"auroc": metrics.auroc(s, y), "auprc": metrics.auprc(s, y),
                "auroc_thresholded": metrics.auroc_thresholded(s, y),
                "auprc_thresholded": metrics.auprc_thresholded(s, y)}
-  out = {
+  return {
       "task": task_name, "method": method, "algorithm": name, "seed": seed,
-      "rounds": rounds, "best_round": e["round"], "ood_loss": e["ood_loss"],
-      "ood_accuracy": e["ood_accuracy"], **ranking,
-      "train_accuracy": e["train_accuracy"], "client_accuracy": e["client_accuracy"],
+      "rounds": rounds, "best_round": sel["round"] - 1, "ood_loss": sel["ood_loss"],
+      "ood_accuracy": sel["ood_accuracy"], **ranking,
+      "train_accuracy": sel["train_accuracy"], "client_accuracy": acc.tolist(),
       "acc_variance": metrics.accuracy_variance(acc),
       "acc_entropy": metrics.accuracy_entropy(acc) if acc.sum() > 0 else float("nan"),
       "final": {k: hist[-1][k] for k in ("round", "ood_loss", "ood_accuracy",
                                          "train_accuracy")},
-      "hparams": alg.hparams, "seconds": round(secs, 1), "data": task.info,
+      "hparams": alg.hparams, "seconds": round(res.seconds, 1), "data": task.info,
       "history": hist,
   }
-  return out
 
 
 def cmd_run(a):

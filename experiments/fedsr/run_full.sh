@@ -46,7 +46,8 @@ for alg in $ALGS; do
        --algorithm "$alg" --rounds "$ROUNDS" --eval-every "$EVAL_EVERY" --local-steps 5
        --batch-size 64 --client-optimizer momentum --lr "$LR" --hp weight_decay="$WD"
        --hp weighting=uniform --hp client_optimizer_state="$MOMENTUM" "${hp[@]}" \
-       --no-progress --out "$OUT/$alg")
+       --out "$OUT/$alg")
+  # (no --no-progress: the bar hides itself in a log, and each finished run prints a line)
   echo "+ ${cmd[*]}" | tee "$OUT/$alg.log"
   "${cmd[@]}" 2>&1 | tee -a "$OUT/$alg.log"
 done

@@ -13,8 +13,7 @@ rounds, ``Algorithm.client_optimizer_state``; 'persistent' is the default of ``f
 """
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -22,39 +21,21 @@ import optax
 
 from fedjax_inv import aggregators as aggs
 from fedjax_inv.core.algorithm import Algorithm
+# The registry is core's (the tasks read it); re-exported here for the factories.
+from fedjax_inv.core.algorithm import Entry, register, registry  # noqa: F401
 
 CLIENT_OPTIMIZERS = ("sgd", "momentum", "adam")
 SERVER_OPTIMIZERS = ("sgd", "momentum", "adagrad", "adam", "yogi")
 AGGREGATORS = ("mean", "geometric", "gma", "and_mask")
 
 
-@dataclasses.dataclass(frozen=True)
-class Entry:
-  """A registered algorithm. ``fixed``: common knobs the algorithm sets itself (e.g.
-  FedSGD's client recipe); a task's defaults for them are not passed to the factory."""
-  name: str
-  factory: Callable[..., Algorithm]
-  paper: str
-  summary: str
-  fixed: tuple = ()
-
-
-_REGISTRY: dict[str, Entry] = {}
-FEDSGD_FIXED = ("client_lr", "local_steps", "client_optimizer", "weight_decay")
-
-
-def register(name: str, paper: str, summary: str, fixed: tuple = ()):
-  """Decorator: registers ``factory`` under ``name`` (the paper's name for the method)."""
-  def deco(factory):
-    if name in _REGISTRY:
-      raise ValueError(f"algorithm {name!r} is registered twice.")
-    _REGISTRY[name] = Entry(name, factory, paper, summary, tuple(fixed))
-    return factory
-  return deco
-
-
-def registry() -> dict[str, Entry]:
-  return dict(_REGISTRY)
+# FedSGD's client recipe (one local step of ``sgd(1.0)``, so the client sends its
+# gradient): a FedSGD-type factory sets these itself and refuses them as keywords.
+FEDSGD_CLIENT_RECIPE = ("client_lr", "local_steps", "client_optimizer")
+# ``Entry.fixed`` of the FedSGD-type methods: a task's defaults for these are not passed
+# to them (its client recipe, and its client ``weight_decay``: a FedSGD-type method's
+# ``weight_decay`` is the server's, docs/ALGORITHMS.md#fedilc).
+FEDSGD_FIXED = FEDSGD_CLIENT_RECIPE + ("weight_decay",)
 
 
 def make_algorithm(name: str, **hparams) -> Algorithm:
@@ -66,10 +47,11 @@ def make_algorithm(name: str, **hparams) -> Algorithm:
   Raises:
     ValueError: unknown name (lists the available ones) or a bad hyperparameter.
   """
-  if name not in _REGISTRY:
-    raise ValueError(f"unknown algorithm {name!r}; available: {sorted(_REGISTRY)}. "
+  entries = registry()
+  if name not in entries:
+    raise ValueError(f"unknown algorithm {name!r}; available: {sorted(entries)}. "
                      "Run `fedjax-inv list` to see them with their papers.")
-  return _REGISTRY[name].factory(**hparams)
+  return entries[name].factory(**hparams)
 
 
 def client_optimizer(name: str, lr: float, weight_decay: float = 0.0,

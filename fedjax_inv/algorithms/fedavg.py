@@ -6,7 +6,8 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_inv import penalties
-from fedjax_inv.algorithms.base import FEDSGD_FIXED, build, register, uniform_mean
+from fedjax_inv.algorithms.base import (FEDSGD_CLIENT_RECIPE, FEDSGD_FIXED, build, register,
+                                        uniform_mean)
 from fedjax_inv.core.algorithm import Component, client_stage, hparam, server_stage
 
 
@@ -26,7 +27,7 @@ def fedsgd(server_lr: float = 0.1, batch_size=None, server_optimizer: str = "sgd
   ``sgd(1.0)``, so the pseudo-gradient *is* the gradient); the server steps
   ``w ← w − η Σ_k n_k g_k / Σ n_k`` with ``η = server_lr``. ``client_lr`` and
   ``local_steps`` are fixed (1.0 and 1)."""
-  for k in ("client_lr", "local_steps", "client_optimizer"):
+  for k in FEDSGD_CLIENT_RECIPE:
     if k in kw:
       raise ValueError(f"fedsgd fixes {k}; set server_lr (the step size) instead.")
   return build("fedsgd", client_lr=1.0, local_steps=1, client_optimizer="sgd",

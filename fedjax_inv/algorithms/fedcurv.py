@@ -10,12 +10,12 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_inv import aggregators as aggs
+from fedjax_inv import penalties
 from fedjax_inv.algorithms import base
 from fedjax_inv.algorithms.base import register
-from fedjax_inv.algorithms.fedsgd_type import WEIGHTINGS, server_settings
-from fedjax_inv.algorithms.fishr import _sum_over_examples, _zero_where  # noqa: F401
+from fedjax_inv.algorithms.fedsgd_type import server_settings
 from fedjax_inv.core import losses
-from fedjax_inv.core.algorithm import Algorithm, Component, server_stage
+from fedjax_inv.core.algorithm import WEIGHTINGS, Algorithm, Component, server_stage
 from fedjax_inv.core.validation import choice as _choice, nonneg as _nonneg
 from fedjax_inv.core.validation import pos_int as _pos_int, positive as _positive
 
@@ -63,14 +63,14 @@ def diagonal_fisher(model, kind: str, params: PyTree, x, y, n, chunk: int = 64) 
     g = jax.grad(nll)(params)
     return jax.tree.map(lambda a: jnp.where(keep, wi * a * a, 0.0), g), wi
 
-  total, wsum = _sum_over_examples(one, x, y, w, chunk)
+  total, wsum = penalties.sum_over_examples(one, x, y, w, chunk)
   return jax.tree.map(lambda t: t / jnp.maximum(wsum, 1e-12), total)
 
 
 def _sum_aggregator() -> aggs.Aggregator:
   """Plain sum over clients (a client with weight 0 contributes nothing)."""
   return aggs.Aggregator(
-      lambda m, w: _zero_where(jnp.asarray(w) > 0, m), lambda s: s, "sum")
+      lambda m, w: penalties.zero_where(jnp.asarray(w) > 0, m), lambda s: s, "sum")
 
 
 def fedcurv_penalty(params: PyTree, sums: dict, own: dict) -> jax.Array:

@@ -1,23 +1,19 @@
 """The FedILC family (Zhu, Ezzine, Liu, Bengio): FedSGD-type methods (one ``sgd(1.0)``
 step per round, so clients send gradients) that differ in how gradients are combined and
 whether ``λ∇L_Fishr`` is added before the server optimizer (Adam with coupled L2, FedILC
-§5.1; ``fedsgd_type.py``). Shoham's FedCurv is in ``fedcurv.py``. The readings (Fishr's
-message protocol, zeros, the scalable Intra-Geo, task settings): docs/ALGORITHMS.md#fedilc.
+§5.1; ``fedsgd_type.py``). Shoham's FedCurv is in ``fedcurv.py``; the methods' settings on
+FedILC's tasks in ``tasks/fedilc_settings.py``. The readings (Fishr's message protocol,
+zeros, the scalable Intra-Geo, task settings): docs/ALGORITHMS.md#fedilc.
 """
 from __future__ import annotations
 
 from fedjax_inv import aggregators as aggs
 from fedjax_inv.algorithms.base import FEDSGD_FIXED, register
-from fedjax_inv.algorithms.fedsgd_type import fedsgd_type, server_optimizer
+from fedjax_inv.algorithms.fedsgd_type import fedsgd_type
 from fedjax_inv.algorithms.fishr import fishr_component
 from fedjax_inv.algorithms.intra_geo import ZEROS, intra_geo_component
 from fedjax_inv.core.algorithm import Algorithm
-from fedjax_inv.core.validation import choice as _choice, nonneg as _nonneg
-from fedjax_inv.core.validation import pos_int as _pos_int
-
-FEDILC_METHODS = ("geometric", "fishr_inter_geo", "fishr_intra_geo", "fishr_intra_arith",
-                  "fedcurv")
-_FISHR_METHODS = FEDILC_METHODS[1:]
+from fedjax_inv.core.validation import choice as _choice
 
 
 @register("geometric", paper="FedILC §3.1, §5 (Geometric baseline)",
@@ -153,37 +149,3 @@ fedcurv = _arith(
                       "``--algorithm=fishr`` (README: \"FedCurv\"): the same update as "
                       "``fishr_intra_arith``; Shoham et al.'s penalty is "
                       "``fedcurv_shoham``.", source="FedILC §5; official main.py"))
-
-
-def fedilc_task_settings(*, server_lr: float, weight_decay: float, fishr_lambda: float,
-                         group_size: int) -> dict:
-  """A task's ``defaults['per_algorithm']`` block for the FedILC methods (FedILC §5.1):
-  the FedSGD-type methods drop a task's client recipe, so a task gives their server
-  settings here: Adam with coupled L2, ``server_lr``, ``weight_decay``, ``batch_size=None``
-  (full-data client gradients); ``fishr_lambda`` (official ``'sum'`` scale) for the Fishr
-  methods; ``intra_group_size = group_size`` for Intra-Geo.
-
-  Args:
-    server_lr: > 0 (3e-4 Color-MNIST, 1e-4 Rotated-CIFAR10, 2e-4 eICU).
-    weight_decay: >= 0 (0.01, 1e-3, 1e-3).
-    fishr_lambda: >= 0 (15.0, 1.0, 0.1).
-    group_size: positive int (32, 64, 64).
-
-  Returns:
-    ``{name: {setting: value}}`` for ``FEDILC_METHODS``.
-
-  Raises:
-    ValueError: a bad value (named), from the same checks as the factories.
-
-  Source: FedILC §5.1.1-5.1.3; official code ``main.py`` commands.
-  """
-  server_optimizer("adam", server_lr, weight_decay)
-  _nonneg("fishr_lambda", fishr_lambda)
-  _pos_int("group_size", group_size)
-  server = dict(server_optimizer="adam", server_lr=float(server_lr),
-                weight_decay=float(weight_decay), batch_size=None)
-  out = {name: dict(server) for name in FEDILC_METHODS}
-  for name in _FISHR_METHODS:
-    out[name]["fishr_lambda"] = float(fishr_lambda)
-  out["fishr_intra_geo"]["intra_group_size"] = int(group_size)
-  return out

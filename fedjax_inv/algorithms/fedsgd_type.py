@@ -6,24 +6,23 @@ from __future__ import annotations
 import optax
 
 from fedjax_inv import aggregators as aggs
-from fedjax_inv.core.algorithm import Algorithm
+from fedjax_inv.algorithms.base import FEDSGD_CLIENT_RECIPE
+from fedjax_inv.core.algorithm import WEIGHTINGS, Algorithm
 from fedjax_inv.core.validation import choice as _choice, finite as _finite, nonneg as _nonneg
 from fedjax_inv.core.validation import pos_int as _pos_int, positive as _positive
 
 SERVER_OPTIMIZERS = ("adamw", "adam", "sgd")
-WEIGHTINGS = ("num_examples", "uniform")
 # FedILC §5.1.1 Color-MNIST server settings (official torch.optim.Adam(lr, weight_decay)).
 SERVER_DEFAULTS = dict(server_optimizer="adam", server_lr=3e-4, weight_decay=0.01, b1=0.9,
                        b2=0.999, eps=1e-8)
 COMMON = ("batch_size", "weighting", "client_optimizer_state") + tuple(SERVER_DEFAULTS)
-_FEDSGD_FIXED = ("client_lr", "local_steps", "client_optimizer")
 
 
 def check_unknown(name: str, unknown: dict, accepted) -> None:
   """Raises ValueError naming ``unknown`` keywords (and why, for FedSGD's fixed ones)."""
   if not unknown:
     return
-  fixed = sorted(k for k in unknown if k in _FEDSGD_FIXED)
+  fixed = sorted(k for k in unknown if k in FEDSGD_CLIENT_RECIPE)
   if fixed:
     raise ValueError(
         f"{name} is a FedSGD-type method and fixes {fixed} (one local step of sgd(1.0), so "

@@ -1,10 +1,10 @@
 """The Fishr penalty of FedILC §3.2 as a message protocol (pre-stage gradient variances,
-main-stage VJP, server step ``+ λ ∇L_Fishr``), and the chunked per-example sums it and
-FedCurv use. Factories: ``fedjax_inv/algorithms/fedilc.py``.
+main-stage VJP, server step ``+ λ ∇L_Fishr``). Factories:
+``fedjax_inv/algorithms/fedilc.py``; the array math: ``fedjax_inv/penalties.py``.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -15,44 +15,6 @@ from fedjax_inv.core.algorithm import Component, hparam, server_stage
 from fedjax_inv.core.validation import choice as _choice, nonneg as _nonneg
 
 PyTree = Any
-
-
-# ---------------------------------------------------------------------------------------
-# Per-example sums, chunked (bounded memory: chunk × parameters)
-# ---------------------------------------------------------------------------------------
-
-
-def _sum_over_examples(fn: Callable, x, y, w, chunk: int):
-  """``Σ_i fn(x_i, y_i, w_i)`` over the ``B`` examples of ``x [B, ...]``, ``y [B]``,
-  ``w [B]``: ``vmap`` within chunks of ``chunk`` examples, ``lax.scan`` across chunks.
-  The tail is padded with weight-0 examples, which ``fn`` must map to zero statistics."""
-  b = x.shape[0]
-  s = max(1, min(int(chunk), b))
-  pad = (-b) % s
-  if pad:
-    x = jnp.concatenate([x, jnp.zeros((pad,) + x.shape[1:], x.dtype)])
-    y = jnp.concatenate([y, jnp.zeros((pad,) + y.shape[1:], y.dtype)])
-    w = jnp.concatenate([w, jnp.zeros((pad,), w.dtype)])
-  k = (b + pad) // s
-
-  def chunk_sum(xc, yc, wc):
-    return jax.tree.map(lambda a: jnp.sum(a, axis=0), jax.vmap(fn)(xc, yc, wc))
-
-  if k == 1:
-    return chunk_sum(x, y, w)
-  xs, ys, ws = (a.reshape((k, s) + a.shape[1:]) for a in (x, y, w))
-  zeros = jax.tree.map(lambda t: jnp.zeros(t.shape, t.dtype),
-                       jax.eval_shape(chunk_sum, xs[0], ys[0], ws[0]))
-
-  def body(carry, inp):
-    return jax.tree.map(jnp.add, carry, chunk_sum(*inp)), None
-
-  out, _ = jax.lax.scan(body, zeros, (xs, ys, ws))
-  return out
-
-
-def _zero_where(keep, tree):
-  return jax.tree.map(lambda a: jnp.where(keep, a, jnp.zeros_like(a)), tree)
 
 
 # ---------------------------------------------------------------------------------------
@@ -133,7 +95,8 @@ def fishr_component(fishr_lambda: float, reduction: str = "sum") -> Component:
   Raises:
     ValueError: ``fishr_lambda`` negative or not finite; unknown ``reduction``.
 
-  Source: FedILC §3.2 (L_Fishr, eq. for w_{t+1}), Alg. 1-2; DESIGN.md §1.
+  Source: FedILC §3.2 (L_Fishr, eq. for w_{t+1}), Alg. 1-2; docs/ARCHITECTURE.md, 'A
+  round is a map-reduce over a client axis'.
   """
   lam = _nonneg("fishr_lambda", fishr_lambda)
   _choice("fishr_reduction", reduction, FISHR_REDUCTIONS)

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_inv import aggregators as aggs
-from fedjax_inv.algorithms.fishr import _sum_over_examples, _zero_where  # noqa: F401
+from fedjax_inv import penalties
 from fedjax_inv.core import losses
 from fedjax_inv.core.algorithm import Batch, Component
 from fedjax_inv.core.validation import choice as _choice, pos_int as _pos_int
@@ -83,6 +83,33 @@ def intra_geo_component(groups: int | None = None, chunk: int = 64,
   Source: FedILC §3.3, Alg. 2 (ClientUpdates), §5 (mini-batch geometric mean); §3.1
   (weightedgeo).
   """
+  groups, group_size, chunk = _checked_settings(groups, chunk, zeros, group_size, shuffle)
+  agg = aggs.geometric_mean_aggregator(zeros)
+
+  def grad_estimator(objective, params, batch, ctx, key):
+    w = batch.w.astype(jnp.float32)
+    if group_size is not None:
+      stats, loss_sum, wsum = _minibatch_group_stats(agg, group_size, shuffle, objective,
+                                                     params, batch, key)
+      return loss_sum / jnp.maximum(wsum, 1e-12), agg.finalize(stats)
+    if groups is None and objective.task_only and getattr(objective.model, "dense_chain",
+                                                           None):
+      return _dense_per_example_wgm(objective.model, objective.kind, params, batch, agg,
+                                    zeros)
+    if groups is None:
+      stats, loss_sum, wsum = penalties.sum_over_examples(
+          _per_example_stats(agg, objective, params, key), batch.x, batch.y, w, chunk)
+    else:
+      stats, loss_sum, wsum = _contiguous_group_stats(agg, groups, objective, params, batch,
+                                                      w, key)
+    grads = agg.finalize(stats)
+    return loss_sum / jnp.maximum(wsum, 1e-12), grads
+
+  return Component(name="intra_geo", grad_estimator=grad_estimator)
+
+
+def _checked_settings(groups, chunk, zeros, group_size, shuffle):
+  """``intra_geo_component``'s arguments checked in order: ``(groups, group_size, chunk)``."""
   groups = _pos_int("intra_groups", groups, allow_none=True,
                     none_means="one environment per example")
   group_size = _pos_int("intra_group_size", group_size, allow_none=True,
@@ -91,80 +118,78 @@ def intra_geo_component(groups: int | None = None, chunk: int = 64,
     raise ValueError(f"intra_shuffle={shuffle!r}; use True or False.")
   chunk = _pos_int("intra_chunk", chunk)
   _choice("zeros", zeros, ZEROS)
-  agg = aggs.geometric_mean_aggregator(zeros)
+  return groups, group_size, chunk
 
-  def per_example(value_and_grad_fn, params, key):
-    def one(xi, yi, wi):
-      keep = wi > 0
-      xi = jnp.where(keep, xi, jnp.zeros_like(xi))
-      loss, g = value_and_grad_fn(params, Batch(x=xi[None], y=yi[None], w=wi[None]), key)
-      g = _zero_where(keep, g)
-      loss = jnp.where(keep, loss, 0.0)
-      return agg.lift(g, wi), wi * loss, wi
-    return one
 
-  def minibatch_groups(value_and_grad_fn, params, batch, key):
-    w = batch.w.astype(jnp.float32)
-    b = w.shape[0]
-    real = w > 0
-    if shuffle:
-      u = jax.random.uniform(jax.random.fold_in(key, 0x16C), (b,))
-      order = jnp.argsort(jnp.where(real, u, 2.0))  # real examples first, random order
-    else:
-      order = jnp.argsort(jnp.where(real, jnp.arange(b), b + jnp.arange(b)))
-    ng = -(-b // group_size)
-    pad = ng * group_size - b
+def _lifted_group(agg, loss, g, size):
+  """One group's ``(lifted geo stats, size * loss, size)``; an empty group contributes 0."""
+  keep = size > 0
+  return (agg.lift(penalties.zero_where(keep, g), size),
+          size * jnp.where(keep, loss, 0.0), size)
 
-    def blocks(a, fill=0):
-      a = a[order]
-      if pad:
-        a = jnp.concatenate([a, jnp.full((pad,) + a.shape[1:], fill, a.dtype)])
-      return a.reshape((ng, group_size) + a.shape[1:])
 
-    xs, ys, ws = blocks(batch.x), blocks(batch.y), blocks(w)
+def _summed(out):
+  """Sums every leaf of vmapped per-group outputs over the group axis 0."""
+  return jax.tree.map(lambda a: jnp.sum(a, axis=0), out)
 
-    def group(xg, yg, wg):
-      size = jnp.sum(wg)
-      keep = size > 0
-      xg = jnp.where((wg > 0).reshape((-1,) + (1,) * (xg.ndim - 1)), xg,
-                     jnp.zeros_like(xg))
-      loss, g = value_and_grad_fn(params, Batch(x=xg, y=yg, w=wg), key)
-      return agg.lift(_zero_where(keep, g), size), size * jnp.where(keep, loss, 0.0), size
 
-    out = jax.vmap(group)(xs, ys, ws)
-    return jax.tree.map(lambda a: jnp.sum(a, axis=0), out)
+def _per_example_stats(agg, value_and_grad_fn, params, key):
+  """The per-example ``(lifted stats, w*loss, w)`` function for ``sum_over_examples``."""
+  def one(xi, yi, wi):
+    keep = wi > 0
+    xi = jnp.where(keep, xi, jnp.zeros_like(xi))
+    loss, g = value_and_grad_fn(params, Batch(x=xi[None], y=yi[None], w=wi[None]), key)
+    g = penalties.zero_where(keep, g)
+    loss = jnp.where(keep, loss, 0.0)
+    return agg.lift(g, wi), wi * loss, wi
+  return one
 
-  def grad_estimator(objective, params, batch, ctx, key):
-    w = batch.w.astype(jnp.float32)
-    if group_size is not None:
-      stats, loss_sum, wsum = minibatch_groups(objective, params, batch, key)
-      return loss_sum / jnp.maximum(wsum, 1e-12), agg.finalize(stats)
-    if groups is None and objective.task_only and getattr(objective.model, "dense_chain",
-                                                           None):
-      return _dense_per_example_wgm(objective.model, objective.kind, params, batch, agg,
-                                    zeros)
-    if groups is None:
-      stats, loss_sum, wsum = _sum_over_examples(
-          per_example(objective, params, key), batch.x, batch.y, w, chunk)
-    else:
-      real = w > 0
-      rank = jnp.cumsum(real.astype(jnp.int32)) - 1
-      n_real = jnp.maximum(jnp.sum(real.astype(jnp.int32)), 1)
-      gid = jnp.where(real, (rank * groups) // n_real, -1)
 
-      def group(j):
-        wj = jnp.where(gid == j, w, 0.0)
-        size = jnp.sum(wj)
-        loss, g = objective(params, Batch(x=batch.x, y=batch.y, w=wj), key)
-        keep = size > 0
-        return agg.lift(_zero_where(keep, g), size), size * jnp.where(keep, loss, 0.0), size
+def _minibatch_group_stats(agg, group_size, shuffle, value_and_grad_fn, params, batch, key):
+  """Summed stats over ``[⌈B/group_size⌉, group_size, ...]`` mini-batches of real examples."""
+  w = batch.w.astype(jnp.float32)
+  b = w.shape[0]
+  real = w > 0
+  if shuffle:
+    u = jax.random.uniform(jax.random.fold_in(key, 0x16C), (b,))
+    order = jnp.argsort(jnp.where(real, u, 2.0))  # real examples first, random order
+  else:
+    order = jnp.argsort(jnp.where(real, jnp.arange(b), b + jnp.arange(b)))
+  ng = -(-b // group_size)
+  pad = ng * group_size - b
 
-      out = jax.vmap(group)(jnp.arange(groups))
-      stats, loss_sum, wsum = jax.tree.map(lambda a: jnp.sum(a, axis=0), out)
-    grads = agg.finalize(stats)
-    return loss_sum / jnp.maximum(wsum, 1e-12), grads
+  def blocks(a, fill=0):
+    a = a[order]
+    if pad:
+      a = jnp.concatenate([a, jnp.full((pad,) + a.shape[1:], fill, a.dtype)])
+    return a.reshape((ng, group_size) + a.shape[1:])
 
-  return Component(name="intra_geo", grad_estimator=grad_estimator)
+  xs, ys, ws = blocks(batch.x), blocks(batch.y), blocks(w)
+
+  def group(xg, yg, wg):
+    size = jnp.sum(wg)
+    xg = jnp.where((wg > 0).reshape((-1,) + (1,) * (xg.ndim - 1)), xg,
+                   jnp.zeros_like(xg))
+    loss, g = value_and_grad_fn(params, Batch(x=xg, y=yg, w=wg), key)
+    return _lifted_group(agg, loss, g, size)
+
+  return _summed(jax.vmap(group)(xs, ys, ws))
+
+
+def _contiguous_group_stats(agg, groups, objective, params, batch, w, key):
+  """Summed stats over ``groups`` contiguous, near-equal groups of the real examples."""
+  real = w > 0
+  rank = jnp.cumsum(real.astype(jnp.int32)) - 1
+  n_real = jnp.maximum(jnp.sum(real.astype(jnp.int32)), 1)
+  gid = jnp.where(real, (rank * groups) // n_real, -1)
+
+  def group(j):
+    wj = jnp.where(gid == j, w, 0.0)
+    size = jnp.sum(wj)
+    loss, g = objective(params, Batch(x=batch.x, y=batch.y, w=wj), key)
+    return _lifted_group(agg, loss, g, size)
+
+  return _summed(jax.vmap(group)(jnp.arange(groups)))
 
 
 def _dense_per_example_wgm(model, kind: str, params: PyTree, batch: Batch, agg, zeros: str):

@@ -4,9 +4,9 @@
 engine adds those statistics over clients (in any order and grouping: all at once under
 ``vmap``, one client at a time under ``scan``, chunk by chunk, or across devices), and
 ``finalize`` turns the sums into the aggregate. Because the only combine step is ``+``,
-every execution strategy gives the same numbers up to float32 summation order (DESIGN.md
-§1). The aggregators of the papers (geometric mean, sign masks) are in
-``fedjax_inv/aggregators.py``.
+every execution strategy gives the same numbers up to float32 summation order
+(docs/ARCHITECTURE.md, 'A round is a map-reduce over a client axis'). The aggregators of
+the papers (geometric mean, sign masks) are in ``fedjax_inv/aggregators.py``.
 """
 from __future__ import annotations
 

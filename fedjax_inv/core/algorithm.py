@@ -7,7 +7,8 @@ about any particular paper; e.g. FedProx is a ``Component`` with a loss term, SC
 ``Component`` with per-client state, a gradient correction and a server-side state, and
 FedGMA is just a different ``Aggregator``. A new algorithm is one short file.
 
-Message protocol of one round (DESIGN.md §1):
+Message protocol of one round (docs/ARCHITECTURE.md, 'A round is a map-reduce over a
+client axis'):
   1. server broadcasts ``ctx`` (global params, round, every component's server state);
   2. optional *pre-stage* per component: each sampled client computes a message at the
      global model, the server aggregates it and updates the component's server state
@@ -193,7 +194,8 @@ def server_stage(update: Callable, init: Optional[Callable] = None
     ``optax.GradientTransformationExtraArgs``; calling its ``update`` without the
     ``messages`` / ``ctx`` keywords raises ``TypeError`` naming them.
 
-  Source: issue 14 (server chain of ``GradientTransformationExtraArgs``); DESIGN.md §1.
+  Source: issue 14 (server chain of ``GradientTransformationExtraArgs``);
+  docs/ARCHITECTURE.md, 'An algorithm is data'.
   """
   def init_fn(params):
     return optax.EmptyState() if init is None else init(params)
@@ -385,3 +387,39 @@ class Algorithm:
 
   def with_component(self, component: Component) -> "Algorithm":
     return dataclasses.replace(self, components=self.components + (component,))
+
+
+# ---------------------------------------------------------------------------------------
+# The algorithm registry: filled by ``fedjax_inv/algorithms`` (each family registers its
+# factories on import; the package's ``__init__`` imports them all), read by the tasks
+# (``Task.algorithm_settings`` drops the knobs an algorithm fixes) without importing an
+# algorithm. ``make_algorithm`` is ``fedjax_inv.algorithms.base``'s.
+# ---------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+  """A registered algorithm. ``fixed``: common knobs the algorithm sets itself (e.g.
+  FedSGD's client recipe); a task's defaults for them are not passed to the factory."""
+  name: str
+  factory: Callable[..., Algorithm]
+  paper: str
+  summary: str
+  fixed: tuple = ()
+
+
+_REGISTRY: dict[str, Entry] = {}
+
+
+def register(name: str, paper: str, summary: str, fixed: tuple = ()):
+  """Decorator: registers ``factory`` under ``name`` (the paper's name for the method)."""
+  def deco(factory):
+    if name in _REGISTRY:
+      raise ValueError(f"algorithm {name!r} is registered twice.")
+    _REGISTRY[name] = Entry(name, factory, paper, summary, tuple(fixed))
+    return factory
+  return deco
+
+
+def registry() -> dict[str, Entry]:
+  return dict(_REGISTRY)

@@ -23,8 +23,9 @@ class ClientData:
     y: ``[N, n_max]`` int32 class labels, or ``[N, n_max]`` float32 regression targets.
     n: ``[N]`` int32 true number of examples per client (``1 <= n[i] <= n_max``).
 
-  Source: DESIGN.md §1 (stacked client axis); FedJAX's ``ClientDataset`` is the
-  unstacked, per-client equivalent this replaces.
+  Source: docs/ARCHITECTURE.md, 'A round is a map-reduce over a client axis' (stacked
+  client axis); FedJAX's ``ClientDataset`` is the unstacked, per-client equivalent this
+  replaces.
   """
   x: chex.Array
   y: chex.Array

@@ -15,10 +15,12 @@ summation order, because aggregation is a sum of lifted statistics):
     measured 1.2–1.7× a Python loop over a jitted client update on 2 cores, where plain
     ``jit(vmap)`` was 0.5–0.9×);
   * ``chunked``: ``vmap`` inside chunks of ``chunk_size`` clients, ``scan`` across chunks;
-  * ``loop``: a Python loop over the clients of one compiled client update
-    (:class:`LoopRound`; FedJAX's design, the baseline of ``fedjax-inv bench``);
   * ``auto``: ``scan`` on a single CPU device, otherwise ``vmap`` (sharded) when the cohort
     fits the memory estimate, else ``chunked``.
+
+The benchmark baseline, a Python loop over the clients of one compiled client update
+(FedJAX's design), is not a strategy of the engine: it is
+``fedjax_inv.benchmarks.loop_round.LoopRound``, built from the same :func:`round_parts`.
 """
 from __future__ import annotations
 
@@ -318,9 +320,8 @@ def build_round(model, kind: str, algorithm: Algorithm, num_clients: int,
     algorithm: ``Algorithm``.
     num_clients: pool size ``N``.
     clients_per_round: cohort ``C`` (1 <= C <= N), sampled uniformly without replacement.
-    execution: 'auto' | 'vmap' | 'scan' | 'chunked' | 'loop' (:class:`LoopRound`, the
-      benchmark baseline; not jitted as a whole, so ``jit``, ``mesh`` and the memory
-      estimate do not apply).
+    execution: 'auto' | 'vmap' | 'scan' | 'chunked'. ('loop', the benchmark baseline,
+      is ``fedjax_inv.benchmarks.loop_round.LoopRound``, built directly.)
     chunk_size: clients per chunk for 'chunked' (default: ``min(C, 64)``).
     mesh: a ``clients`` mesh (``client_mesh()``) to shard the client axis, or None.
     unroll: clients per loop iteration under 'scan' (default ``strategy.SCAN_UNROLL``).
@@ -334,7 +335,8 @@ def build_round(model, kind: str, algorithm: Algorithm, num_clients: int,
     local loss, client-weighted), 'clients': [C] int32 sampled pool indices}``.
 
   Raises:
-    ValueError: bad cohort size, strategy name or ``chunk_size`` < 1 (before any compile).
+    ValueError: bad cohort size, strategy name (``'loop'`` included: the message names
+      the benchmarks' ``LoopRound``) or ``chunk_size`` < 1 (before any compile).
     DoesNotFitError (a MemoryError and ValueError): an explicit strategy whose estimated
       memory exceeds the device's budget (message: the numbers and the fix).
   """
@@ -342,9 +344,13 @@ def build_round(model, kind: str, algorithm: Algorithm, num_clients: int,
   if not 1 <= clients_per_round <= num_clients:
     raise ValueError(f"clients_per_round={clients_per_round} must be in [1, {num_clients}] "
                      f"(the pool has {num_clients} clients).")
+  if execution == "loop":  # the baseline moved to the benchmarks (core imports only core)
+    raise ValueError(
+        "execution='loop' is not an engine strategy: the Python loop over one compiled "
+        "client update (the benchmark baseline) is built directly as "
+        "fedjax_inv.benchmarks.loop_round.LoopRound(model, kind, algorithm, num_clients, "
+        f"clients_per_round); for the engine choose one of {STRATEGIES}.")
   strategy = resolve_strategy(execution, clients_per_round)
-  if strategy == "loop":  # the baseline: a Python loop over one compiled client update
-    return LoopRound(model, kind, algorithm, num_clients, clients_per_round)
   if chunk_size is not None and (isinstance(chunk_size, bool) or int(chunk_size) != chunk_size
                                  or chunk_size < 1):
     raise ValueError(f"chunk_size={chunk_size!r}; it must be an integer >= 1 (or None for "
@@ -408,7 +414,8 @@ def build_round(model, kind: str, algorithm: Algorithm, num_clients: int,
 class RoundParts(NamedTuple):
   """The phases of one round (message protocol in ``core/algorithm.py``), shared by every
   execution strategy: the jitted round of :func:`build_round` composes them with
-  :func:`map_reduce`; :class:`LoopRound` compiles them one by one and loops in Python.
+  :func:`map_reduce`; the benchmarks' ``LoopRound`` (``fedjax_inv.benchmarks.loop_round``)
+  compiles them one by one and loops in Python.
 
   ``inp = (i, n, cs, k)``: a sampled client's pool index (int32), its size (int32), its
   persistent state (no client axis: ``{component: state}``, plus ``CLIENT_OPT_STATE``:
@@ -529,127 +536,3 @@ def round_parts(model, kind: str, algorithm: Algorithm, num_clients: int,
     return new_server, {"train_loss": loss_sum / jnp.where(wsum > 0, wsum, 1.0)}
 
   return RoundParts(sample, pre_client if pre_comps else None, pre_finish, client, finish)
-
-
-class LoopRound:
-  """Execution strategy ``'loop'``: the round as a Python loop over the sampled clients of
-  one compiled single-client update (FedJAX's ``for_each_client`` jit design; the
-  benchmark baseline). Same :func:`round_parts` as the jitted strategies, so the same
-  numbers up to float32 summation order (``tests/test_bench.py``); the aggregator's sums
-  accumulate on device inside the compiled client call.
-
-  ``compile(server, client_states, data, key)`` AOT-compiles every piece (returns the
-  seconds spent); ``self(server, client_states, data, key) -> (server, client_states,
-  metrics)`` as a ``round_fn`` (``client_states`` is donated). Not jittable as a whole:
-  it is the baseline, not for ``simulation.run``.
-  """
-
-  def __init__(self, model, kind: str, algorithm: Algorithm, num_clients: int,
-               clients_per_round: int):
-    losses.check_kind(kind)
-    if not 1 <= clients_per_round <= num_clients:
-      raise ValueError(f"clients_per_round={clients_per_round} must be in "
-                       f"[1, {num_clients}] (the pool has {num_clients} clients).")
-    self.cohort = int(clients_per_round)
-    self.strategy = "loop"
-    self._compiled = None
-    p = round_parts(model, kind, algorithm, num_clients, clients_per_round)
-    self.has_pre = p.pre_client is not None
-
-    def inp(pool_cs, data, idx, ckeys, j):
-      i = idx[j]
-      return i, data.n[i], jax.tree.map(lambda a: a[i], pool_cs), ckeys[j]
-
-    def pre_acc(acc, server, pool_cs, data, idx, ckeys, j):
-      stats = p.pre_client(server, data, inp(pool_cs, data, idx, ckeys, j))
-      return jax.tree.map(jnp.add, acc, stats)
-
-    def client_stats(pool_cs, server, extras, data, idx, ckeys, j):
-      return p.client(server, extras, data, inp(pool_cs, data, idx, ckeys, j))[0]
-
-    def client_acc(acc, pool_cs, server, extras, data, idx, ckeys, j):
-      # Sampling is without replacement, so writing client i's new state right away
-      # equals the jitted strategies' gather-all / scatter-all.
-      stats, new_cs = p.client(server, extras, data, inp(pool_cs, data, idx, ckeys, j))
-      pool_cs = jax.tree.map(lambda pool, new: pool.at[idx[j]].set(new), pool_cs, new_cs)
-      return jax.tree.map(jnp.add, acc, stats), pool_cs
-
-    def pre_stats(server, pool_cs, data, idx, ckeys, j):
-      return p.pre_client(server, data, inp(pool_cs, data, idx, ckeys, j))
-
-    self._fns = dict(sample=p.sample, pre_stats=pre_stats, pre_acc=pre_acc,
-                     pre_finish=p.pre_finish, client_stats=client_stats,
-                     client_acc=client_acc, finish=p.finish)
-
-  @staticmethod
-  def _zeros(fn, *args):
-    shapes = jax.eval_shape(fn, *args)
-    return jax.jit(lambda: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes))
-
-  def compile(self, server, client_states, data, key) -> float:
-    """AOT-compiles every piece for these argument shapes; returns compile seconds."""
-    import time
-    f, j0 = self._fns, np.int32(0)
-    t0 = time.perf_counter()
-    c = {"sample": jax.jit(f["sample"]).lower(server, key).compile()}
-    idx, ckeys = jax.eval_shape(f["sample"], server, key)
-    extras = server.extras
-    if self.has_pre:
-      c["pre_zeros"] = self._zeros(f["pre_stats"], server, client_states, data, idx, ckeys,
-                                   j0)
-      zp = jax.eval_shape(c["pre_zeros"])
-      c["pre_acc"] = jax.jit(f["pre_acc"], donate_argnums=(0,)).lower(
-          zp, server, client_states, data, idx, ckeys, j0).compile()
-      c["pre_finish"] = jax.jit(f["pre_finish"]).lower(server, zp).compile()
-      extras = jax.eval_shape(f["pre_finish"], server, zp)
-    c["zeros"] = self._zeros(f["client_stats"], client_states, server, extras, data, idx,
-                             ckeys, j0)
-    z = jax.eval_shape(c["zeros"])
-    c["client_acc"] = jax.jit(f["client_acc"], donate_argnums=(0, 1)).lower(
-        z, client_states, server, extras, data, idx, ckeys, j0).compile()
-    c["finish"] = jax.jit(f["finish"]).lower(server, extras, z).compile()
-    self._compiled = c
-    return time.perf_counter() - t0
-
-  def pieces(self, server, client_states, data, key) -> list:
-    """``[(count, fn, args)]``: every compiled piece of one round with abstract arguments
-    and how many times a round calls it (for FLOP counting from jaxprs)."""
-    if self._compiled is None:
-      self.compile(server, client_states, data, key)
-    f, j0 = self._fns, np.int32(0)
-    idx, ckeys = jax.eval_shape(f["sample"], server, key)
-    out = [(1, f["sample"], (server, key))]
-    extras = server.extras
-    if self.has_pre:
-      zp = jax.eval_shape(self._compiled["pre_zeros"])
-      out += [(self.cohort, f["pre_acc"], (zp, server, client_states, data, idx, ckeys, j0)),
-              (1, f["pre_finish"], (server, zp))]
-      extras = jax.eval_shape(f["pre_finish"], server, zp)
-    z = jax.eval_shape(self._compiled["zeros"])
-    out += [(self.cohort, f["client_acc"],
-             (z, client_states, server, extras, data, idx, ckeys, j0)),
-            (1, f["finish"], (server, extras, z))]
-    return out
-
-  def client_memory(self):
-    """XLA's ``memory_analysis()`` of the compiled single-client update."""
-    return self._compiled["client_acc"].memory_analysis()
-
-  def __call__(self, server, client_states, data, key):
-    if self._compiled is None:
-      self.compile(server, client_states, data, key)
-    c = self._compiled
-    idx, ckeys = c["sample"](server, key)
-    extras = server.extras
-    if self.has_pre:
-      acc = c["pre_zeros"]()
-      for j in range(self.cohort):
-        acc = c["pre_acc"](acc, server, client_states, data, idx, ckeys, np.int32(j))
-      extras = c["pre_finish"](server, acc)
-    acc = c["zeros"]()
-    for j in range(self.cohort):
-      acc, client_states = c["client_acc"](acc, client_states, server, extras, data, idx,
-                                           ckeys, np.int32(j))
-    server, metrics = c["finish"](server, extras, acc)
-    metrics["clients"] = idx
-    return server, client_states, metrics

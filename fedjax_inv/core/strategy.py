@@ -6,7 +6,7 @@ setting them here changes both the engine and the estimate.
 """
 from __future__ import annotations
 
-STRATEGIES = ("auto", "vmap", "scan", "chunked", "loop")
+STRATEGIES = ("auto", "vmap", "scan", "chunked")
 SCAN_UNROLL = 4  # clients per 'scan' loop iteration; see benchmarks/RESULTS.md
 # Per-client bytes up to which all K minibatches are gathered before the local-step scan
 # (one gather instead of K: measured ~1.5x faster rounds for the MNIST MLP on CPU).

@@ -172,61 +172,14 @@ def make_colored_mnist(variant: str = 'irm',
   if ds.x_train.shape[1:] != (28, 28):
     raise ValueError(f'expected 28x28 MNIST images, got '
                      f'{list(ds.x_train.shape[1:])}')
-  n_train = len(ds.x_train)
 
   seqs = np.random.SeedSequence(seed).spawn(k + 2)
-  shuffle_rng = np.random.default_rng(seqs[0])
-
-  if variant == 'irm' and n_train > IRM_TRAIN_IMAGES:
-    pool = np.arange(IRM_TRAIN_IMAGES)
-  else:
-    pool = np.arange(n_train)
-  if ood_images == 'train_tail':
-    if variant != 'irm' or n_train <= IRM_TRAIN_IMAGES:
-      raise ValueError("ood_images='train_tail' needs variant='irm' and the "
-                       f'full MNIST training set (got {n_train} training '
-                       f'images from source {ds.source!r})')
-    ood_idx = np.arange(IRM_TRAIN_IMAGES, n_train)
-    ood_x, ood_d, ood_from = ds.x_train, ds.y_train, 'train'
-  else:
-    ood_idx = np.arange(len(ds.x_test))
-    ood_x, ood_d, ood_from = ds.x_test, ds.y_test, 'test'
-  pool = shuffle_rng.permutation(pool)
-  per = len(pool) // k
-  if per == 0 or len(ood_idx) == 0:
-    raise ValueError(f'too few images ({len(pool)} train, {len(ood_idx)} OOD) '
-                     f'for {k} training environments')
-  train_idx = [np.sort(pool[i * per:(i + 1) * per]).astype(np.int64)
-               for i in range(k)]
-
-  train, empirical = [], []
-  for i, (idx, e) in enumerate(zip(train_idx, flips)):
-    x, y, c, y_clean = _color_digits(ds.x_train[idx], ds.y_train[idx], e,
-                                     cfg['label_flip'],
-                                     np.random.default_rng(seqs[1 + i]))
-    train.append((x, y))
-    empirical.append(_stats(f'train_{i}', e, y, c, y_clean))
-  x, y, c, y_clean = _color_digits(ood_x[ood_idx], ood_d[ood_idx],
-                                   cfg['ood_color_flip'], cfg['ood_label_flip'],
-                                   np.random.default_rng(seqs[k + 1]))
-  empirical.append(_stats('ood', cfg['ood_color_flip'], y, c, y_clean))
+  train_idx, dropped, ood_idx, ood_from = _split_indices(
+      ds, variant, ood_images, k, np.random.default_rng(seqs[0]))
+  train, (x, y), empirical = _environments(ds, train_idx, ood_idx, ood_from,
+                                           flips, cfg, seqs)
 
   sizes = {'train': [len(i) for i in train_idx], 'ood': len(ood_idx)}
-  dropped = len(pool) - per * k
-  ood_desc = ('MNIST test images' if ood_from == 'test' else
-              'MNIST training images 50,000..59,999')
-  split_note = (
-      f"{' / '.join(f'{s:,}' for s in sizes['train'])} training images "
-      f"(color flips {', '.join(f'{e:g}' for e in flips)}) + "
-      f"{sizes['ood']:,} OOD {ood_desc} (color flip {cfg['ood_color_flip']:g}"
-      f"), no image shared between environments")
-  if variant == 'irm' and n_train > IRM_TRAIN_IMAGES:
-    split_note += f'; first {IRM_TRAIN_IMAGES:,} training images shuffled'
-  if dropped:
-    split_note += f'; {dropped} leftover training images unused'
-  if ds.source.startswith('bundled'):
-    split_note = f'bundled {n_train + len(ds.x_test):,}-image sample: ' + split_note
-
   info = {
       'dataset_source': ds.source,
       'data_note': ds.note,
@@ -240,7 +193,8 @@ def make_colored_mnist(variant: str = 'irm',
       'label_rule': '1[digit >= 5], flipped with prob. label_flip',
       'image_shape': [14, 14, 2],
       'seed': seed,
-      'split_note': split_note,
+      'split_note': _split_note(ds, variant, sizes, flips, cfg['ood_color_flip'],
+                                ood_from, dropped),
       'empirical': empirical,
   }
   return {
@@ -251,6 +205,74 @@ def make_colored_mnist(variant: str = 'irm',
       'indices': {'train': train_idx, 'ood': ood_idx.astype(np.int64),
                   'ood_from': ood_from},
   }
+
+
+def _split_indices(ds, variant: str, ood_images: str, k: int, shuffle_rng):
+  """Disjoint image indices: ``(k training index arrays, dropped, OOD, ood_from)``."""
+  n_train = len(ds.x_train)
+  if variant == 'irm' and n_train > IRM_TRAIN_IMAGES:
+    pool = np.arange(IRM_TRAIN_IMAGES)
+  else:
+    pool = np.arange(n_train)
+  if ood_images == 'train_tail':
+    if variant != 'irm' or n_train <= IRM_TRAIN_IMAGES:
+      raise ValueError("ood_images='train_tail' needs variant='irm' and the "
+                       f'full MNIST training set (got {n_train} training '
+                       f'images from source {ds.source!r})')
+    ood_idx = np.arange(IRM_TRAIN_IMAGES, n_train)
+    ood_from = 'train'
+  else:
+    ood_idx = np.arange(len(ds.x_test))
+    ood_from = 'test'
+  pool = shuffle_rng.permutation(pool)
+  per = len(pool) // k
+  if per == 0 or len(ood_idx) == 0:
+    raise ValueError(f'too few images ({len(pool)} train, {len(ood_idx)} OOD) '
+                     f'for {k} training environments')
+  train_idx = [np.sort(pool[i * per:(i + 1) * per]).astype(np.int64)
+               for i in range(k)]
+  return train_idx, len(pool) - per * k, ood_idx, ood_from
+
+
+def _environments(ds, train_idx, ood_idx, ood_from: str, flips, cfg, seqs):
+  """Colors every environment: ``(train [(x, y)], OOD (x, y), empirical stats)``."""
+  if ood_from == 'train':
+    ood_x, ood_d = ds.x_train, ds.y_train
+  else:
+    ood_x, ood_d = ds.x_test, ds.y_test
+  train, empirical = [], []
+  for i, (idx, e) in enumerate(zip(train_idx, flips)):
+    x, y, c, y_clean = _color_digits(ds.x_train[idx], ds.y_train[idx], e,
+                                     cfg['label_flip'],
+                                     np.random.default_rng(seqs[1 + i]))
+    train.append((x, y))
+    empirical.append(_stats(f'train_{i}', e, y, c, y_clean))
+  k = len(flips)
+  x, y, c, y_clean = _color_digits(ood_x[ood_idx], ood_d[ood_idx],
+                                   cfg['ood_color_flip'], cfg['ood_label_flip'],
+                                   np.random.default_rng(seqs[k + 1]))
+  empirical.append(_stats('ood', cfg['ood_color_flip'], y, c, y_clean))
+  return train, (x, y), empirical
+
+
+def _split_note(ds, variant: str, sizes: dict, flips, ood_color_flip: float,
+                ood_from: str, dropped: int) -> str:
+  """The human-readable ``info['split_note']`` of the environments' sizes and sources."""
+  n_train = len(ds.x_train)
+  ood_desc = ('MNIST test images' if ood_from == 'test' else
+              'MNIST training images 50,000..59,999')
+  split_note = (
+      f"{' / '.join(f'{s:,}' for s in sizes['train'])} training images "
+      f"(color flips {', '.join(f'{e:g}' for e in flips)}) + "
+      f"{sizes['ood']:,} OOD {ood_desc} (color flip {ood_color_flip:g}"
+      f"), no image shared between environments")
+  if variant == 'irm' and n_train > IRM_TRAIN_IMAGES:
+    split_note += f'; first {IRM_TRAIN_IMAGES:,} training images shuffled'
+  if dropped:
+    split_note += f'; {dropped} leftover training images unused'
+  if ds.source.startswith('bundled'):
+    split_note = f'bundled {n_train + len(ds.x_test):,}-image sample: ' + split_note
+  return split_note
 
 
 def _stats(env: str, color_flip: float, y, color, y_clean) -> dict[str, Any]:

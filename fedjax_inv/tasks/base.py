@@ -12,6 +12,7 @@ import dataclasses
 from typing import Callable
 
 from fedjax_inv import models
+from fedjax_inv.core.algorithm import registry as algorithm_registry
 from fedjax_inv.core.data import ClientData
 
 
@@ -46,9 +47,10 @@ class Task:
   def algorithm_settings(self, name: str, overrides: dict | None = None) -> dict:
     """Hyperparameters for algorithm ``name`` on this task: the task's client defaults
     (minus the knobs the algorithm fixes itself, e.g. FedSGD's), then
-    ``defaults['per_algorithm'][name]``, then ``overrides`` (the user's flags/config)."""
-    from fedjax_inv.algorithms import registry
-    entry = registry().get(name)
+    ``defaults['per_algorithm'][name]``, then ``overrides`` (the user's flags/config).
+    The fixed knobs are the registry's (``core.algorithm.registry``, filled by
+    ``fedjax_inv.algorithms``, which the package's ``__init__`` imports)."""
+    entry = algorithm_registry().get(name)
     fixed = entry.fixed if entry is not None else ()
     kw = {k: v for k, v in self.defaults.items()
           if k not in ("rounds", "eval_every", "per_algorithm") and k not in fixed}

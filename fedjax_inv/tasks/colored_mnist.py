@@ -7,6 +7,7 @@ from __future__ import annotations
 from fedjax_inv import models
 from fedjax_inv.core.data import from_client_arrays
 from fedjax_inv.tasks.base import Task, register_task
+from fedjax_inv.tasks.fedilc_settings import fedilc_task_settings
 
 
 def _colored(variant, data_dir, source, download, seed, hidden):
@@ -66,9 +67,8 @@ def colored_mnist_fedilc(data_dir=None, source="auto", download=False, seed=0,
   evaluated (FedILC reports the round of lowest OOD loss). The FedILC methods (FedSGD-type:
   clients send full-data gradients) get the server Adam (coupled L2) lr 3e-4, weight decay
   0.01, λ = 15 and Intra-Geo mini-batches of 32 through ``per_algorithm``
-  (``fedilc.fedilc_task_settings``); other algorithms get the client recipe below (Adam
-  lr 3e-4, weight decay 0.01)."""
-  from fedjax_inv.algorithms.fedilc import fedilc_task_settings
+  (``fedilc_settings.fedilc_task_settings``); other algorithms get the client recipe
+  below (Adam lr 3e-4, weight decay 0.01)."""
   train, eval_sets, info, model = _colored("fedilc", data_dir, source, download, seed,
                                            hidden)
   info["paper"] = "FedILC §5.1.1"

@@ -6,6 +6,7 @@ from __future__ import annotations
 from fedjax_inv import models
 from fedjax_inv.core.data import from_client_arrays
 from fedjax_inv.tasks.base import Task, register_task
+from fedjax_inv.tasks.fedilc_settings import fedilc_task_settings
 
 
 from fedjax_inv.data.eicu import NUM_DRUG_FEATURES, make_eicu
@@ -30,8 +31,9 @@ def eicu(data_dir=None, source="auto", download=False, seed=0, path=None,
   local step per round (FedSGD-style as FedILC), 301 rounds (the official commands),
   evaluation every 10 rounds. The FedILC methods (FedSGD-type) get server Adam with
   coupled L2, lr 2e-4, wd 1e-3, λ = 0.1 and Intra-Geo mini-batches of 64 through
-  ``per_algorithm`` (``fedilc.fedilc_task_settings``). FedILC reports OOD loss / AUROC / AUPRC / accuracy at the round with the
-  lowest OOD loss over 5 seeds (Tables 2, 4, 6); use ``fedjax_inv.eval.metrics``.
+  ``per_algorithm`` (``fedilc_settings.fedilc_task_settings``). FedILC reports OOD
+  loss / AUROC / AUPRC / accuracy at the round with the lowest OOD loss over 5 seeds
+  (Tables 2, 4, 6); use ``fedjax_inv.eval.metrics``.
 
   Raises:
     FileNotFoundError: no CSV; the message says where to put it and its schema.
@@ -44,7 +46,6 @@ def eicu(data_dir=None, source="auto", download=False, seed=0, path=None,
                      "fedjax_inv.data.eicu module docstring).")
   if source not in ("auto", "raw"):
     raise ValueError(f"eicu: source={source!r}; only 'auto' or 'raw' (the user CSV).")
-  from fedjax_inv.algorithms.fedilc import fedilc_task_settings
   d = make_eicu(data_dir, path=path, seed=seed, num_train_hospitals=num_train_hospitals,
                 val_fraction=val_fraction, feature_columns=feature_columns,
                 expected_features=expected_features, ood_per_hospital=ood_per_hospital)

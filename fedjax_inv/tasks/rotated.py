@@ -8,6 +8,7 @@ import numpy as np
 from fedjax_inv import models
 from fedjax_inv.core.data import from_client_arrays
 from fedjax_inv.tasks.base import Task, register_task
+from fedjax_inv.tasks.fedilc_settings import fedilc_task_settings
 from fedjax_inv.data.partition import leave_one_domain_out, resolve_holdout
 from fedjax_inv.data.rotated import (ROTATED_MNIST_ANGLES, make_fed_shift_mnist,
                                      make_rotated_cifar10, make_rotated_mnist)
@@ -124,12 +125,11 @@ def rotated_cifar10(data_dir=None, source="auto", download=False, seed=0,
   per round, 301 rounds (the official commands' ``--num_rounds=301``; the paper does not
   state it). The FedILC methods (FedSGD-type, full-client gradients) get server Adam with
   coupled L2, lr 1e-4, wd 1e-3, λ = 1.0 and Intra-Geo mini-batches of 64 through
-  ``per_algorithm`` (``fedilc.fedilc_task_settings``).
+  ``per_algorithm`` (``fedilc_settings.fedilc_task_settings``).
 
   Raises:
     ValueError: bad sizes or fractions. FileNotFoundError: CIFAR-10 absent.
   """
-  from fedjax_inv.algorithms.fedilc import fedilc_task_settings
   d = make_rotated_cifar10(data_dir=data_dir, source=source, download=download,
                            seed=seed, val_fraction=val_fraction, n_per_env=n_per_env,
                            n_ood=n_ood)
