@@ -1,72 +1,110 @@
-"""Analytic memory estimate of one federated round, before anything is compiled.
+"""Memory estimate of one federated round, before anything is compiled.
 
 The engine (``core/engine.py``) runs a round as map-reduces over a client axis. How many
 clients are *resident at once* decides the memory: all ``C`` under ``vmap``, one loop
 iteration (``SCAN_UNROLL`` clients) under ``scan``, ``chunk_size`` under ``chunked``
 (divided by the number of devices when the client axis is sharded). This module
-estimates the bytes a round needs from the model, the algorithm and the data shapes only
-(``jax.eval_shape`` / ``jax.make_jaxpr``, no compilation, no device memory), so that a
-strategy can be chosen, or refused with a clear message, before XLA would run out of
-memory.
+estimates the bytes a round needs from the model, the algorithm and the data shapes, so
+that a strategy can be chosen, or refused with a clear message, before XLA would run out
+of memory.
 
-The estimate (bytes, float32 unless the pytrees say otherwise)::
+The model's share is read from the model itself, not from per-layer rules:
+:func:`client_peak_bytes` traces, with ``jax.make_jaxpr`` on abstract values (no
+compile, no device memory), one local step's gradient on a minibatch (the forward pass
+and its backward pass, through the algorithm's own forward, loss terms and gradient
+estimator) and each component's message hooks on a client's data, and
+:func:`peak_live_bytes` finds the most bytes their values keep alive at once: the
+forward values kept for the backward pass, their cotangents, per-sample gradients. The
+estimate (bytes, per device; float32 unless the pytrees say otherwise)::
 
-    total = resident clients' data    R · (n_max · |x| + n_max · |y| + 4)
-          + resident clients R  ×  per-client bytes
-          + stacked per-client outputs    C · |client state|                    / D
-          + server state                  |params| + |server opt state| + |extras|
+    total = max(R · per-client bytes, R_pre · pre-stage bytes)
+          + the aggregators' running sums   |lifted stats of a delta|
+                                           + |params| per message / pre-message component
+          + stacked per-client outputs     C · |client state| / D
+          + server state                   |params| + |server opt state| + |extras|
 
-    per-client bytes = params copies      4 · |params|   (local model, gradient,
-                                                          optimizer update, delta)
-                     + |client opt state| + |lifted aggregator stats|
-                     + 2 · |client state| (gathered in, updated out; with
-                                          client_optimizer_state='persistent'
-                                          it includes the client opt state)
-                     + |params| per message / pre-message component
-                     + 6 · B · |params|  when a component replaces the gradient
-                                          estimator (per-sample gradients, FedILC
-                                          intra-silo geometric mean)
-                     + activations        2 · U · B · a  (forward values kept for the
-                                                          backward pass + their
-                                                          cotangents; U = local steps
-                                                          unrolled together, K on CPU
-                                                          for K <= 16, else 1)
-                     + the minibatches    m · B · (|x| + |y|)   (m = K when the engine
-                                                          pre-gathers all K local steps'
-                                                          minibatches, else 1)
+    per-client bytes = its rows of the pool       n_max · (|x| + |y|)
+                     + parameter copies           3 · |params|  (local model, optimizer
+                                                  update, delta; the gradient is in the
+                                                  step's peak)
+                     + |client opt state|
+                     + 2 · |client state|         (gathered in, updated out; with
+                                                  client_optimizer_state='persistent'
+                                                  it includes the client opt state)
+                     + the minibatches            m · B · (|x| + |y|)  (m = K when the
+                                                  engine pre-gathers all K local steps'
+                                                  minibatches, else 1; 0 for full-batch
+                                                  clients, which use their rows)
+                     + κ · model work
+    model work       = under 'scan':  max(step, message_1, ...)
+                       otherwise:     step + message_1 + ...
+    pre-stage bytes  = its rows + pre_message_1 + ...
 
-with ``R = C`` (vmap), ``min(C, strategy.SCAN_UNROLL)`` (scan: the clients of one unrolled
-loop iteration), ``k`` (chunked; ``k`` =
-the largest divisor of ``C`` that is ``<= chunk_size``, the engine's rule), ``D`` devices
-over which the client axis is sharded (``R`` becomes ``ceil(R / D)``), ``B`` =
-``algorithm.batch_size`` (or ``n_max`` for full-batch clients) and ``a`` the per-example
-activation bytes of the model (every intermediate of one forward pass that grows with the
-batch, counted from the jaxpr at batch sizes 1 and 2). The client pool itself
-(``data.x.nbytes`` …) is resident before the round and is *not* included.
+* ``step``, ``message_i``, ``pre_message_i``: the jaxpr liveness peaks of
+  :class:`ClientPeaks`. One step stands for the whole local-training loop: each step
+  needs the previous step's parameters, so XLA runs the steps of the unrolled loop one
+  after the other (measured: 5 unrolled SGD steps of ``models.cnn(1)``, 1.07x the XLA temp
+  of one step; the per-layer formula before counted the K steps' activations K times).
+* 'scan' vs the rest: in a ``scan`` iteration one client's work runs after the other's,
+  and a client's messages after its local training. With the clients batched (``vmap``,
+  ``chunked``) XLA runs the work that does not depend on the trained parameters alongside
+  the local training (measured, ``models.cnn(1)``, fishr_inter_geo, whose message is a
+  VJP at the global model: 32 MB of XLA temp for one client alone, 55 MB per client
+  vmapped; the local step's peak is 22 MB and the message's 22 MB).
+* The pre-stage (messages at the global model before local training: Fishr's variances,
+  FedIIR's classifier gradient) runs before the main stage: the round needs the larger.
+  It runs forward passes only, whose elementwise ops XLA fuses into their producers (a
+  ReLU into its convolution) while the jaxpr holds both, so its liveness is counted
+  without ``κ`` (measured: the 'scan' rounds of fediir take the same XLA memory as
+  fedavg's, so XLA's pre-stage is below 0.8x its liveness there).
+* The running sums: a client's lifted statistics are elementwise functions of its delta
+  and messages, which XLA fuses into the sum over clients (the loop's carry under
+  'scan', the reduction under 'vmap'), so they are held once, not per client.
+* ``κ`` = :data:`XLA_OVERHEAD` = 1.4: XLA's buffers over the jaxpr's liveness. XLA:CPU's
+  heap leaves gaps between buffers of different sizes, and some values exist twice or
+  wider (a convolution operand transposed into the kernel's layout, the max-pool
+  gradient's mask as float32). One SGD step of batch 32 (XLA temp / liveness):
+  ``models.cnn(1)`` 1.40, ``models.convnet()`` 1.21, a ResNet-18 of width 8 1.09.
+* ``R`` = ``C`` (vmap), ``min(C, strategy.SCAN_UNROLL)`` (scan), ``k`` (chunked: the
+  largest divisor of ``C`` that is ``<= chunk_size``, the engine's rule), then
+  ``ceil(R / D)`` with the client axis sharded over ``D`` devices. ``R_pre = R``, except
+  under ``scan``, where the engine runs the pre-stage vmapped in chunks of
+  :data:`PRE_CHUNK` (the largest divisor of ``C`` that is ``<= 8``).
+* ``B`` = ``algorithm.batch_size`` (or ``n_max`` for full-batch clients). The loss head
+  is traced as 'multiclass' (the estimate does not take the task's kind; the ``[B, K]``
+  logits are negligible next to the model).
+* The client pool (``data.x.nbytes`` ...) is resident before the round and is *not*
+  included; each resident client's own rows, which it reads inside the map, are.
 
-Clients read their rows of the pool inside the map (engine), so only the resident
-clients hold a copy of their data. It is an estimate, mostly on the safe side: measured
-against ``compiled.memory_analysis()`` (temp + output bytes) it was 1.0–3.4× XLA's number
-for MLP rounds (FedAvg, fishr_intra_geo) and 0.9–1.1× for the ConvNet (``benchmarks/
-RESULTS.md``; before unrolled local steps and scan iterations were counted, 0.05–0.23×
-for the ConvNet); ``tests/test_memory.py``
-checks the order of magnitude and the monotonicity in ``C``, ``n_max``, the input size
-and the resident clients.
+Measured against ``compiled.memory_analysis()`` (temp + output bytes) of the compiled
+round on XLA:CPU, JAX 0.10.2 (``benchmarks/memory_check.py``; ``benchmarks/RESULTS.md``,
+'Issue 30: memory estimate for ConvNets'): 0.85-1.93x for 72 ConvNet rounds
+(``models.cnn(1)``, FedSR's ``models.convnet()``, a ResNet-18 of width 8; fedavg, fedsr,
+fishr_inter_geo, fediir; scan, vmap, chunked; C = 10 and 100), where the per-layer
+formula it replaces was 1.65-15.6x; 1.2-3.0x for the MNIST MLP (was 1.7-5.2x). Known
+gap: fishr_intra_geo on a ConvNet under 'scan' is 0.55-0.79x (XLA runs its local step
+alongside its Fishr message there; 1.5-1.8x under 'vmap'). Not measured on GPU/TPU,
+whose allocators differ. ``tests/test_memory.py`` checks 0.8-2x on
+a tiny ConvNet round under each strategy, the order of magnitude for an MLP, and the
+monotonicity in ``C``, ``n_max``, the input size and the resident clients.
 
-Source: DESIGN.md §1 (execution strategies; "more clients than memory → chunks").
+Source: docs/ARCHITECTURE.md, 'A round is a map-reduce over a client axis' (execution
+strategies; "more clients than memory → chunks").
 """
 from __future__ import annotations
 
 import dataclasses
 import math
 import os
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_inv.core import losses
 from fedjax_inv.core import strategy as strategy_lib
+from fedjax_inv.core.algorithm import Batch, Context, Forward, Objective
 
 STRATEGIES = ("vmap", "scan", "chunked")
 DEFAULT_FRACTION = 0.8
@@ -86,10 +124,15 @@ class RoundMemory:
   Attributes:
     total: the estimate.
     resident_clients: clients materialized at once per device (``R``).
-    per_client: bytes per resident client (params copies + optimizer + stats +
-      activations + minibatch).
-    activations_per_example: forward intermediates per example (``a``).
-    cohort_data: the data rows of the resident clients (per device).
+    per_client: bytes per resident client, main stage (its data rows, model copies,
+      optimizer and client state, minibatches, ``XLA_OVERHEAD`` x its model work), or
+      the pre-stage's if larger.
+    client_work: jaxpr liveness peak of one client's model work in the main stage
+      (:class:`ClientPeaks`: ``sequential`` under 'scan', else ``overlapped``).
+    pre_client_work: the same for its pre-stage (0 without one).
+    cohort_data: the data rows of the resident clients (per device; part of
+      ``per_client``).
+    sums: the aggregators' running sums of the lifted statistics (delta, messages).
     outputs: stacked per-client outputs (client state) (per device).
     server: server params, server optimizer state and component server state.
     params: bytes of one copy of the model parameters.
@@ -97,8 +140,10 @@ class RoundMemory:
   total: int
   resident_clients: int
   per_client: int
-  activations_per_example: int
+  client_work: int
+  pre_client_work: int
   cohort_data: int
+  sums: int
   outputs: int
   server: int
   params: int
@@ -121,18 +166,6 @@ def _var_bytes(v) -> int:
     return 0
 
 
-def _jaxpr_out_bytes(jaxpr) -> int:
-  """Sum of the bytes of every equation output in ``jaxpr`` (recursing into calls)."""
-  total = 0
-  for eqn in jaxpr.eqns:
-    subs = sub_jaxprs(eqn)
-    if subs:
-      total += sum(_jaxpr_out_bytes(s) for s in subs)
-    else:
-      total += sum(_var_bytes(v) for v in eqn.outvars)
-  return total
-
-
 def sub_jaxprs(eqn) -> list:
   """The jaxprs nested in one equation's params (scan/while/cond/pjit bodies)."""
   out = []
@@ -145,30 +178,39 @@ def sub_jaxprs(eqn) -> list:
   return out
 
 
-def activation_bytes_per_example(model, feature_shape: Sequence[int],
-                                 forward=None) -> int:
-  """Bytes of the forward intermediates of one example (the batch-linear part).
+def _is_var(v) -> bool:
+  return not hasattr(v, "val")  # a Literal carries its value; Vars (and DropVars) do not
 
-  Traces ``model.apply`` (or ``forward(params, x)``) at batch sizes 1 and 2 with
-  ``jax.make_jaxpr`` (no compile) and returns the difference of the summed output sizes
-  of all equations, so parameter-only intermediates cancel.
 
-  Args:
-    model: ``FunctionalModel``.
-    feature_shape: one example's shape, e.g. ``(28, 28, 1)``.
-    forward: optional ``(params, x[B, ...]) -> logits`` replacing ``model.apply``.
+def peak_live_bytes(jaxpr) -> int:
+  """Peak bytes of the values a jaxpr keeps alive at once, in its equation order.
 
-  Returns:
-    int bytes per example (>= 0).
+  A value is live from the equation that makes it to its last use (the jaxpr's outputs
+  to the end); the jaxpr's inputs are not counted (the caller holds them). An equation
+  with nested jaxprs (``scan``/``while`` bodies, ``cond`` branches, ``pjit``, custom
+  derivatives) costs, while it runs, the largest peak of its bodies on top of what is
+  live around it; a loop body counts once (its iterations reuse their buffers).
   """
-  params = jax.eval_shape(lambda: model.init(0))
-  fwd = forward or model.apply
-
-  def count(b):
-    x = jax.ShapeDtypeStruct((b,) + tuple(feature_shape), jnp.float32)
-    return _jaxpr_out_bytes(jax.make_jaxpr(fwd)(params, x).jaxpr)
-
-  return max(0, count(2) - count(1))
+  eqns = jaxpr.eqns
+  last = {}
+  for i, eqn in enumerate(eqns):
+    for v in eqn.invars:
+      if _is_var(v):
+        last[v] = i
+  for v in jaxpr.outvars:
+    if _is_var(v):
+      last[v] = len(eqns)
+  inputs = set(jaxpr.invars) | set(jaxpr.constvars)
+  live = peak = 0
+  for i, eqn in enumerate(eqns):
+    made = sum(_var_bytes(v) for v in eqn.outvars)
+    inner = max((peak_live_bytes(s) for s in sub_jaxprs(eqn)), default=0)
+    peak = max(peak, live + max(made, inner))
+    live += sum(_var_bytes(v) for v in eqn.outvars if v in last)
+    for v in {v for v in eqn.invars if _is_var(v)}:
+      if last.get(v) == i and v not in inputs:
+        live -= _var_bytes(v)
+  return peak
 
 
 def _resident(strategy: str, cohort: int, chunk_size: int | None, num_devices: int) -> int:
@@ -198,11 +240,150 @@ def _check_args(cohort, n_max, feature_shape, strategy, chunk_size, num_devices)
     raise ValueError(f"num_devices={num_devices}; it must be >= 1.")
 
 
+# κ, XLA's buffers over the jaxpr's liveness peak of a client's model work (the module
+# docstring says why and what it was measured on).
+XLA_OVERHEAD = 1.4
+# engine.PRE_CHUNK: under 'scan' the engine runs the pre-stage vmapped in chunks of this
+# many clients. Not importable from here (the engine imports this module);
+# tests/test_memory.py checks that the two agree.
+PRE_CHUNK = 8
+# The loss kind the client's work is traced with: the loss head ([B, K] logits) is
+# negligible next to the model, so the estimate does not need the task's kind.
+_KIND = "multiclass"
+_PEAKS: dict = {}  # (id(model), id(algorithm), n_max, feature_shape) -> (model, alg, peaks)
+
+
+class ClientPeaks(NamedTuple):
+  """Peak live bytes of one client's model work (:func:`client_peak_bytes`).
+
+  Attributes:
+    step: one local step's gradient (forward, backward; a gradient estimator's work).
+    messages: each main-stage message hook (component order).
+    pre: each pre-stage message hook (component order).
+  """
+  step: int
+  messages: tuple
+  pre: tuple
+
+  @property
+  def sequential(self) -> int:
+    """The main stage with its parts one after the other (a 'scan' iteration)."""
+    return max((self.step,) + self.messages)
+
+  @property
+  def overlapped(self) -> int:
+    """The main stage with its parts side by side (batched clients, 'vmap'/'chunked')."""
+    return self.step + sum(self.messages)
+
+
+def client_view(algorithm, params) -> Context:
+  """What a client is handed in a round (``core.algorithm.Context``), as abstract values:
+  ``extras[name]`` is a component's ``init_server`` state, or its server stage's state
+  when it has none (``Algorithm.server_chain``'s contract); ``client[name]`` its
+  ``init_client`` state."""
+  chain = jax.eval_shape(algorithm.server_chain().init, params)
+  extras, client = {}, {}
+  for c in algorithm.components:
+    if c.init_server is not None:
+      extras[c.name] = jax.eval_shape(c.init_server, params)
+    elif c.server_stage is not None:
+      extras[c.name] = chain[c.name]
+    if c.init_client is not None:
+      client[c.name] = jax.eval_shape(c.init_client, params)
+  f32 = jax.ShapeDtypeStruct((), jnp.float32)
+  return Context(params=params, round=jax.ShapeDtypeStruct((), jnp.int32), extras=extras,
+                 client=client, num_clients=f32, cohort=f32)
+
+
+def _gradient(model, algorithm):
+  """``(params, batch, ctx, key) -> (loss, grads)``: one local step's gradient as the
+  client computes it: the task loss of the forward pass (a component's, e.g. FedSR's
+  sampled representation) plus the components' loss terms, differentiated, or a
+  component's gradient estimator given that objective (FedILC's per-sample gradients)."""
+  forward = next((c.forward for c in algorithm.components if c.forward is not None), None)
+  terms = [c.loss for c in algorithm.components if c.loss is not None]
+  estimator = next((c.grad_estimator for c in algorithm.components
+                    if c.grad_estimator is not None), None)
+
+  def loss(params, batch, ctx, key):
+    if forward is not None:
+      fwd = forward(model, params, batch.x, key)
+    else:
+      z = model.features(params, batch.x)
+      fwd = Forward(z=z, logits=model.classify(params, z))
+    total = losses.mean_loss(_KIND, fwd.logits, batch.y, batch.w)
+    return total + sum(t(model, _KIND, params, batch, fwd, ctx, key) for t in terms)
+
+  def gradient(params, batch, ctx, key):
+    value_and_grad = lambda p, b, k: jax.value_and_grad(loss)(p, b, ctx, k)  # noqa: E731
+    if estimator is None:
+      return value_and_grad(params, batch, key)
+    described = Objective(value_and_grad, model, _KIND, algorithm.task_only)
+    return estimator(described, params, batch, ctx, key)
+
+  return gradient
+
+
+def client_peak_bytes(model, algorithm, n_max: int,
+                      feature_shape: Sequence[int]) -> ClientPeaks:
+  """Peak live bytes of one client's model work in a round, read from its jaxprs.
+
+  Traces, with ``jax.make_jaxpr`` on abstract values (no compile, no device memory), one
+  local step's gradient on a minibatch (``batch_size``, or ``n_max`` for full-batch
+  clients) and each component's ``message`` / ``pre_message`` hook on the client's
+  ``n_max`` examples, in the :func:`client_view` a client is handed, and returns
+  :func:`peak_live_bytes` of each. One step stands for the local-training loop: each
+  step needs the previous step's parameters, so XLA runs the steps of the unrolled loop
+  one after the other (measured: 5 unrolled SGD steps of ``models.cnn(1)`` take 1.07x
+  the XLA temp of one).
+
+  Args:
+    model: the task's ``FunctionalModel`` (``algorithm.model_transform`` is applied).
+    algorithm: ``Algorithm``.
+    n_max: padded examples per client.
+    feature_shape: one example's shape.
+
+  Returns:
+    :class:`ClientPeaks` (bytes). Cached per (model, algorithm) object and shapes.
+  """
+  key = (id(model), id(algorithm), int(n_max), tuple(feature_shape))
+  hit = _PEAKS.get(key)
+  if hit is not None and hit[0] is model and hit[1] is algorithm:
+    return hit[2]
+  trained = algorithm.model_for(model)
+  params = jax.eval_shape(lambda: trained.init(0))
+  ctx = client_view(algorithm, params)
+  rng = jax.eval_shape(jax.random.key, 0)
+  feat = tuple(feature_shape)
+  b = algorithm.batch_size or n_max
+  batch = Batch(x=jax.ShapeDtypeStruct((b,) + feat, jnp.float32),
+                y=jax.ShapeDtypeStruct((b,), jnp.int32),
+                w=jax.ShapeDtypeStruct((b,), jnp.float32))
+  data = (jax.ShapeDtypeStruct((n_max,) + feat, jnp.float32),
+          jax.ShapeDtypeStruct((n_max,), jnp.int32), jax.ShapeDtypeStruct((), jnp.int32))
+
+  def peak(fn, *args):
+    return peak_live_bytes(jax.make_jaxpr(fn)(*args).jaxpr)
+
+  comps = algorithm.components
+  peaks = ClientPeaks(
+      step=peak(_gradient(trained, algorithm), params, batch, ctx, rng),
+      messages=tuple(peak(lambda p, d, cx, k, c=c: c.message(trained, _KIND, p, p, d, cx, k),
+                          params, data, ctx, rng) for c in comps if c.message is not None),
+      pre=tuple(peak(lambda p, d, cx, k, c=c: c.pre_message(trained, _KIND, p, d, cx, k),
+                     params, data, ctx, rng) for c in comps if c.pre_message is not None))
+  if len(_PEAKS) >= 64:
+    _PEAKS.pop(next(iter(_PEAKS)))
+  _PEAKS[key] = (model, algorithm, peaks)
+  return peaks
+
+
 def round_memory(model, algorithm, cohort: int, n_max: int, feature_shape: Sequence[int],
                  strategy: str, chunk_size: int | None = None, *, num_devices: int = 1,
                  label_bytes: int = 4) -> RoundMemory:
   """The breakdown behind :func:`estimate_round_bytes` (same arguments)."""
   _check_args(cohort, n_max, feature_shape, strategy, chunk_size, num_devices)
+  peaks = client_peak_bytes(model, algorithm, n_max, feature_shape)
   model = algorithm.model_for(model)
   params = jax.eval_shape(lambda: model.init(0))
   p = _tree_bytes(params)
@@ -215,56 +396,51 @@ def round_memory(model, algorithm, cohort: int, n_max: int, feature_shape: Seque
     cstate += opt
   extras = sum(_tree_bytes(jax.eval_shape(c.init_server, params))
                for c in algorithm.components if c.init_server is not None)
-  n_msgs = sum((c.message is not None) + (c.pre_message is not None)
-               for c in algorithm.components)
+  n_msgs = len(peaks.messages) + len(peaks.pre)
   server = p + _tree_bytes(jax.eval_shape(algorithm.server_chain().init, params)) + extras
 
-  fwd_comp = next((c for c in algorithm.components if c.forward is not None), None)
-  forward = None
-  if fwd_comp is not None:
-    def forward(q, x):
-      return fwd_comp.forward(model, q, x, jax.random.key(0)).logits
-  act = activation_bytes_per_example(model, feature_shape, forward)
   x_bytes = math.prod(feature_shape) * 4
   b = algorithm.batch_size or n_max
   # The engine gathers all K minibatches of a client at once when they are small
-  # (strategy.PREGATHER_BYTES); otherwise one minibatch per local step.
-  batches = 1
+  # (strategy.PREGATHER_BYTES); otherwise one minibatch per local step; full-batch
+  # clients train on their rows as they are.
+  batches = 0
   if algorithm.batch_size is not None:
+    batches = 1
     k = algorithm.local_steps
     if k * b * x_bytes <= strategy_lib.PREGATHER_BYTES:
       batches = k
-
-  # A replaced gradient estimator (FedILC's intra-silo geometric mean) works on per-sample
-  # gradients: B copies of the parameters, and XLA keeps several such [B, |params|]
-  # arrays alive (gradients, log-magnitudes, signs, masks): XLA temp of fishr_intra_geo
-  # rounds (MLP 784-128-10, B = 64) was ~6 B |params| per resident client.
-  per_sample = 6 * b * p if any(c.grad_estimator is not None
-                                for c in algorithm.components) else 0
-  if per_sample and algorithm.task_only and getattr(model, "dense_chain", None) is not None:
-    # ... except for dense chains (models.mlp), where the engine's estimator works on
-    # matmuls of layer inputs and pre-activation gradients (``[m, 4B]``/``[m, 2n]``
-    # operands and outputs per layer: a few parameter copies, measured XLA temp 11-14 MB
-    # per round for the MNIST MLP).
-    per_sample = 8 * p + 12 * b * act
-
-  # Unrolled local steps (the engine unrolls short local loops on CPU) keep their
-  # activations live together: measured XLA temp of a ConvNet round grows ~K-fold.
-  live_steps = strategy_lib.local_unroll(algorithm.local_steps)
-  per_client = (4 * p + opt + stats + 2 * cstate + n_msgs * p + per_sample
-                + 2 * live_steps * b * act + batches * b * (x_bytes + label_bytes))
+  # Under 'scan' a loop iteration's clients run one after the other, and so do a client's
+  # local training and messages; with the clients batched ('vmap', 'chunked') XLA runs
+  # the work that does not depend on the trained parameters (e.g. Fishr's message at the
+  # global model) alongside the local training.
+  work = peaks.sequential if strategy == "scan" else peaks.overlapped
+  rows = n_max * (x_bytes + label_bytes) + 4  # the client's rows of the pool, read once
+  # Three parameter copies besides the step's work (whose peak holds the gradient): the
+  # local model, the optimizer's update and the delta.
+  per_client = (rows + 3 * p + opt + 2 * cstate + batches * b * (x_bytes + label_bytes)
+                + math.ceil(XLA_OVERHEAD * work))
+  # The pre-stage runs forward passes only, whose elementwise ops XLA fuses into their
+  # producers (a ReLU into its convolution) while the jaxpr keeps both: its liveness is
+  # above XLA's already (no XLA_OVERHEAD; see the module docstring).
+  pre_client = rows + sum(peaks.pre) if peaks.pre else 0
   resident = _resident(strategy, cohort, chunk_size, num_devices)
+  resident_pre = resident
+  if strategy == "scan" and PRE_CHUNK:  # the engine's pre-stage chunks (PRE_CHUNK)
+    resident_pre = strategy_lib.largest_divisor_at_most(cohort, PRE_CHUNK)
   shard = lambda v: -(-v // num_devices)  # noqa: E731
-  # Clients read their rows of the (already resident) pool inside the map, so only the
-  # clients resident at once hold a copy of their data: all C under 'vmap', a chunk under
-  # 'chunked', one loop iteration under 'scan'.
-  cohort_data = shard(resident * num_devices * (n_max * (x_bytes + label_bytes) + 4))
+  # The pre-stage and the main stage run one after the other: the round needs the larger.
+  clients = max(resident * per_client, resident_pre * pre_client)
   outputs = shard(cohort * cstate)
-  total = cohort_data + resident * per_client + outputs + server
+  # The aggregators' running sums: a client's lifted statistics fuse into their sum
+  # (elementwise functions of its delta / messages), so they are held once, not per client.
+  sums = stats + n_msgs * p
+  total = clients + sums + outputs + server
   return RoundMemory(total=int(total), resident_clients=int(resident),
-                     per_client=int(per_client), activations_per_example=int(act),
-                     cohort_data=int(cohort_data), outputs=int(outputs),
-                     server=int(server), params=int(p))
+                     per_client=int(max(per_client, pre_client)),
+                     client_work=int(work), pre_client_work=int(sum(peaks.pre)),
+                     cohort_data=int(resident * rows), sums=int(sums),
+                     outputs=int(outputs), server=int(server), params=int(p))
 
 
 def estimate_round_bytes(model, algorithm, cohort: int, n_max: int,
@@ -272,9 +448,11 @@ def estimate_round_bytes(model, algorithm, cohort: int, n_max: int,
                          chunk_size: int | None = None, *, num_devices: int = 1) -> int:
   """Estimated peak device bytes of one round (per device), before compiling.
 
-  See the module docstring for the formula. Monotone: non-decreasing in ``cohort``,
-  ``n_max``, ``chunk_size`` and the size of ``feature_shape``, and
-  ``scan <= chunked <= vmap`` for the same arguments.
+  See the module docstring for the formula. Non-decreasing in ``n_max``, ``chunk_size``
+  and the size of ``feature_shape``, and in ``cohort`` under 'vmap' (the other
+  strategies hold a divisor of it); ``chunked <= vmap`` for the same arguments, and
+  ``scan`` (at most ``SCAN_UNROLL`` resident clients) below both unless a pre-stage's
+  chunk of ``engine.PRE_CHUNK`` clients is the larger.
 
   Args:
     model: the task's ``FunctionalModel`` (``algorithm.model_transform`` is applied).
@@ -295,7 +473,8 @@ def estimate_round_bytes(model, algorithm, cohort: int, n_max: int,
     ValueError: unknown strategy (incl. 'auto'), ``cohort``/``n_max``/``chunk_size``/
       ``num_devices`` < 1, or a non-positive feature dimension.
 
-  Source: DESIGN.md §1 (vmap / scan / chunked / sharded strategies).
+  Source: docs/ARCHITECTURE.md, 'A round is a map-reduce over a client axis' (vmap /
+  scan / chunked / sharded strategies).
   """
   return round_memory(model, algorithm, cohort, n_max, feature_shape, strategy,
                       chunk_size, num_devices=num_devices).total
@@ -373,14 +552,15 @@ def check_fits(model, algorithm, cohort: int, n_max: int, feature_shape: Sequenc
     fix = (f"use execution='chunked' with chunk_size<={k} (or 'scan'), or fewer "
            "clients_per_round")
   except DoesNotFitError:
-    fix = ("even one client at a time does not fit: lower clients_per_round (the gathered "
-           "cohort data is resident), n_max, the batch size or the model size")
+    fix = ("even one client at a time does not fit: lower n_max, the batch size, the "
+           "model size or clients_per_round (the per-client outputs are stacked)")
   raise DoesNotFitError(
       f"execution={strategy!r} with clients_per_round={cohort} (n_max={n_max}, "
       f"feature_shape={tuple(feature_shape)}, {m.resident_clients} clients resident per "
-      f"device) needs ~{_gib(m.total)} per device: {_gib(m.cohort_data)} of resident "
-      f"clients' data + {m.resident_clients} x {m.per_client / 2**20:.1f} MiB per client + "
-      f"{_gib(m.outputs + m.server)} outputs/server; the budget is {_gib(budget)} "
+      f"device) needs ~{_gib(m.total)} per device: {m.resident_clients} x "
+      f"{m.per_client / 2**20:.1f} MiB per client (its data rows, activations, model "
+      f"copies, messages) + {_gib(m.outputs + m.server)} outputs/server; the budget is "
+      f"{_gib(budget)} "
       f"({fraction:.0%} of {_gib(capacity)}). Fix: {fix}.")
 
 
@@ -414,8 +594,8 @@ def choose_chunk_size(model, algorithm, cohort: int, n_max: int,
   if fixed + base.per_client > budget:
     raise DoesNotFitError(
         f"clients_per_round={cohort} does not fit even one client at a time: "
-        f"~{_gib(base.total)} per device ({_gib(base.cohort_data)} client data, "
-        f"{base.per_client / 2**20:.1f} MiB per client) > budget {_gib(budget)} "
+        f"~{_gib(base.total)} per device ({base.per_client / 2**20:.1f} MiB for the "
+        f"client, {_gib(fixed)} sums/outputs/server) > budget {_gib(budget)} "
         f"({fraction:.0%} of {_gib(capacity)}). Fix: lower clients_per_round, n_max, the "
         "batch size or the model size.")
   per_dev = max(1, (budget - fixed) // base.per_client)
@@ -431,9 +611,10 @@ def auto_strategy(model, algorithm, cohort: int, n_max: int, feature_shape: Sequ
                   fraction: float = DEFAULT_FRACTION) -> tuple[str, int | None]:
   """What ``execution='auto'`` should resolve to, memory included.
 
-  Rule (DESIGN.md §1): on a single CPU device, 'scan' (measured fastest there); else
-  'vmap' (sharded over ``num_devices``) when it fits, otherwise 'chunked' with the
-  largest chunk that fits (:func:`choose_chunk_size`).
+  Rule (docs/ARCHITECTURE.md, 'A round is a map-reduce over a client axis'): on a
+  single CPU device, 'scan' (measured fastest there); else 'vmap' (sharded over
+  ``num_devices``) when it fits, otherwise 'chunked' with the largest chunk that fits
+  (:func:`choose_chunk_size`).
 
   Returns:
     ``(strategy, chunk_size)`` with ``chunk_size`` None except for 'chunked'.
