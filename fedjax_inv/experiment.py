@@ -132,12 +132,14 @@ def provenance() -> dict:
 
 
 def default_out(task_name: str, algos) -> pathlib.Path:
-  """``runs/<task>-<algorithms>-<YYYYmmdd-HHMMSS>-<pid><random>``: unique even for two
-  runs started in the same second (the folder is then created with ``exist_ok=False``)."""
+  """``runs/<task>-<algorithms>-<YYYYmmdd-HHMMSS>-<pid>-<8 random hex digits>``: unique
+  even for two runs started in the same second (2**32 suffixes: a clash among 50 names
+  has probability ~3e-7; the folder is then created with ``exist_ok=False``, so a clash
+  is an error, never an overwrite)."""
   import secrets
   stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
   return pathlib.Path("runs") / (f"{task_name}-{'+'.join(algos)}-{stamp}-"
-                                 f"{os.getpid() % 100000}{secrets.token_hex(2)}")
+                                 f"{os.getpid() % 100000}-{secrets.token_hex(4)}")
 
 
 def split_overrides(overrides: dict | None, algos) -> dict:
