@@ -108,10 +108,6 @@ def cmd_run(args) -> int:
   print(describe_plan(cfg), flush=True)
   cfg = {k: v for k, v in cfg.items() if not k.startswith("_")}
   overrides = algorithm_overrides(cfg)
-  if cfg.get("holdout"):
-    from fedjax_inv.experiment import run_holdout_experiment
-    run_holdout_experiment(cfg, progress=not args.no_progress, overrides=overrides)
-    return 0
   from fedjax_inv.experiment import run_experiment
   summary = run_experiment(cfg, progress=not args.no_progress, overrides=overrides)
   if summary.get("status") == "diverged":

@@ -88,17 +88,18 @@ RUN_KEYS = {  # config key -> (type, help); every help states the default
 
 # Range checks of check_run_config: key -> (kind, minimum or choices).
 _CHECKS = {
-    "rounds": ("int", 1), "clients_per_round": ("int", 1), "local_steps": ("int", 1),
+    "rounds": ("int", 1), "clients_per_round": ("int", 1),
     "seed": ("int", 0), "seeds": ("int", 1), "chunk_size": ("int", 1),
     "eval_every": ("int", 1), "last_k": ("int", 0), "checkpoint_every": ("int", 1),
     "rounds_per_call": ("int", 1), "search": ("int", 1), "search_seed": ("int", 0),
-    "lr": ("pos", None), "server_lr": ("pos", None), "tau": ("unit", None),
+    # the hyperparameter flags: their rule is the schema's (algorithms/schema.py)
+    "lr": ("hparam", None), "server_lr": ("hparam", None), "tau": ("hparam", None),
+    "local_steps": ("hparam", None), "client_optimizer": ("hparam", None),
     "execution": ("choice", ("auto", "vmap", "scan", "chunked", "probe")),
     "replicas": ("choice", ("auto", "batched", "sequential")),
     "source": ("choice", ("auto", "raw", "tfds", "bundled")),
     "reporting": ("choice", ("auto", "none")),
     "validation": ("choice", ("mean", "pooled")),
-    "client_optimizer": ("choice", ("sgd", "momentum", "adam")),
 }
 
 
@@ -122,7 +123,6 @@ def check_run_config(cfg: dict) -> dict:
   Raises:
     ValueError: one line naming the flag, the value and the allowed range; unknown keys.
   """
-  import math
   unknown = sorted(k for k in cfg if k not in RUN_KEYS and not k.startswith("_"))
   if unknown:
     raise ValueError(f"unknown settings {unknown}; valid: {sorted(RUN_KEYS)}.")
@@ -141,19 +141,19 @@ def check_run_config(cfg: dict) -> dict:
       if v < arg:
         raise ValueError(f"{f} {v}: must be an integer >= {arg} (a value out of range is "
                          "refused, not replaced; leave the flag out for the default).")
-    elif kind in ("pos", "unit"):
+    elif kind == "hparam":  # a flag string becomes a number, then the schema's check
+      from fedjax_inv.algorithms.schema import RUN_FLAGS, check
       if isinstance(v, str):
-        try:
-          v = float(v.strip())
-        except ValueError:
-          pass
-      if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise ValueError(f"{f} {v!r}: must be a number.")
-      v = float(v)
-      if kind == "pos" and not (math.isfinite(v) and v > 0):
-        raise ValueError(f"{f} {v}: must be a finite number > 0.")
-      if kind == "unit" and not (math.isfinite(v) and 0 <= v <= 1):
-        raise ValueError(f"{f} {v}: must be a number in [0, 1].")
+        t = v.strip()
+        v = int(t) if t.lstrip("+-").isdigit() else t
+        if isinstance(v, str) and typ is float:
+          try:
+            v = float(t)
+          except ValueError:
+            pass
+      if typ is float and isinstance(v, int) and not isinstance(v, bool):
+        v = float(v)
+      v = check(RUN_FLAGS[key], v, f, sep=" ")
     elif typ is bool:
       if not isinstance(v, bool):
         raise ValueError(f"{f} {v!r}: must be true or false.")
@@ -161,7 +161,7 @@ def check_run_config(cfg: dict) -> dict:
       if isinstance(v, str):
         v = [v]
       if key == "sweep":
-        from fedjax_inv.sweep import parse_sweep
+        from fedjax_inv.grid import parse_sweep
         if isinstance(v, dict):  # config file: {name: [values]}
           v = [f"{k}=" + ",".join(json.dumps(x) if not isinstance(x, str) else x
                                   for x in (vs if isinstance(vs, list) else [vs]))
@@ -255,11 +255,11 @@ def load_config(path: str) -> dict:
 
 def algorithm_overrides(cfg: dict) -> dict:
   """Algorithm hyperparameters set explicitly by flags / config (no task defaults)."""
+  from fedjax_inv.algorithms.schema import RUN_FLAGS
   kw = {}
-  mapping = {"lr": "client_lr", "server_lr": "server_lr", "local_steps": "local_steps",
-             "client_optimizer": "client_optimizer", "aggregator": "aggregator",
-             "tau": "tau"}
-  for src, dst in mapping.items():
+  for src, dst in RUN_FLAGS.items():
+    if src == "batch_size":
+      continue  # below: 'full' means the whole client
     if cfg.get(src) is not None:
       kw[dst] = cfg[src]
   if cfg.get("batch_size") is not None:

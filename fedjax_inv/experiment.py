@@ -10,10 +10,14 @@ Layout of the output directory (issue 11: nothing is lost when a run dies):
                     'diverged' | 'interrupted'), ``provenance`` (versions, git commit,
                     device, command) and ``config`` (``--config summary.json`` reruns it)
   <algorithm>/seed<s>/summary.json   written as soon as that run ends (``status``,
-                    ``diverged_round`` for a diverged run)
+                    ``diverged_round`` for a diverged run); with ``--holdout``:
+                    ``<algorithm>/h<domain>/seed<s>/`` (and ``lodo_selected``)
   <algorithm>/seed<s>/checkpoint/    the current run's state (``--checkpoint-every``)
-  metrics.jsonl     one line per evaluated round (with ``algorithm`` and ``seed``),
-                    appended as each evaluation completes
+  metrics.jsonl     one line per evaluated round (with ``algorithm``, ``seed`` and, with
+                    ``--holdout``, ``holdout``), appended as each evaluation completes
+  --holdout:        summary.json / results.md / results.csv hold the leave-one-domain-out
+                    tables (``fedjax_inv.lodo.result_from_runs``: a column per held-out
+                    domain, a table per selection method); no curves.png
   results.md/.csv   mean ± std over seeds per algorithm: last round, and (when the run's
                     reporting asks) at each selected round (``<metric>@<rule>``) and the
                     last-k mean (``<metric>@last<k>``)
@@ -24,7 +28,6 @@ from __future__ import annotations
 import datetime
 import os
 import pathlib
-import shutil
 import sys
 import time
 
@@ -163,83 +166,23 @@ def split_overrides(overrides: dict | None, algos) -> dict:
   return out
 
 
-_POSITIVE = ("client_lr", "server_lr", "lr", "eps", "sigma_min")
-
-
 def check_hparams(name: str, values: dict, scoped: bool = False, flag: str = "--hp") -> None:
-  """Checks user-set hyperparameters of algorithm ``name`` against the types of its
-  defaults (``make_algorithm(name).hparams``): numbers must be finite numbers, >= 0
-  (> 0 for learning rates, ``eps`` and ``sigma_min``), integers integral, booleans
-  booleans, strings strings. Unknown names are left to ``make_algorithm``. Before any
-  compile.
+  """Checks user-set hyperparameters of algorithm ``name`` against the hyperparameter
+  schema (``fedjax_inv.algorithms.schema.check_values``: kind and range of every name;
+  names it does not know are left to ``make_algorithm``), before any data is loaded.
 
   Raises:
-    ValueError: names the algorithm, the hyperparameter, the value and what is allowed.
+    ValueError: names the flag, the hyperparameter, the value, the algorithm and what
+      is allowed, e.g. ``--sweep mu=-1 (fedprox): must be >= 0 ...``.
   """
-  import math
-  from fedjax_inv.algorithms import make_algorithm
-  defaults = make_algorithm(name).hparams
-  for k, v in values.items():
-    if k not in defaults or defaults[k] is None:
-      continue
-    d = defaults[k]
-    where = f"{flag} {name + '.' if scoped else ''}{k}={v!r} ({name})"
-    if isinstance(d, bool):
-      if not isinstance(v, bool):
-        raise ValueError(f"{where}: must be true or false.")
-    elif isinstance(d, (int, float)):
-      if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise ValueError(f"{where}: must be a number (default {d!r}).")
-      if not math.isfinite(v):
-        raise ValueError(f"{where}: must be a finite number (default {d!r}).")
-      if isinstance(d, int) and int(v) != v:
-        raise ValueError(f"{where}: must be an integer (default {d!r}).")
-      if k in _POSITIVE and v <= 0:
-        raise ValueError(f"{where}: must be > 0 (default {d!r}).")
-      if v < 0:
-        raise ValueError(f"{where}: must be >= 0 (default {d!r}).")
-    elif isinstance(d, str) and not isinstance(v, str):
-      raise ValueError(f"{where}: must be a string (default {d!r}).")
-
-
-def _run_dir(out: pathlib.Path, a: str, s: int) -> pathlib.Path:
-  return out / a / f"seed{s}"
-
-
-def _batch_dir(out: pathlib.Path, algo: str, todo) -> pathlib.Path:
-  """The checkpoint folder of one batched group of runs (``--replicas batched``): named by
-  a hash of its (label, seed) list, so a resume with the same runs finds it."""
-  import hashlib
-  tag = hashlib.sha1(repr([(str(a), int(s)) for a, s in todo]).encode()).hexdigest()[:12]
-  return out / algo / f"batch-{tag}" / "checkpoint"
-
-
-def _load_finished(out: pathlib.Path, algos, seeds) -> dict:
-  """Runs of a previous attempt that completed (their per-run summary.json exists),
-  with their history from metrics.jsonl: ``{(algorithm, seed): run dict}``."""
-  import json
-  done = {}
-  rows = []
-  if (out / "metrics.jsonl").exists():
-    for line in (out / "metrics.jsonl").read_text().splitlines():
-      try:
-        rows.append(json.loads(line))
-      except ValueError:
-        pass  # a line cut by a kill
-  for a in algos:
-    for s in seeds:
-      f = _run_dir(out, a, s) / "summary.json"
-      if f.exists():
-        r = json.loads(f.read_text())
-        r["history"] = [{k: v for k, v in h.items() if k not in ("algorithm", "seed")}
-                        for h in rows if h.get("algorithm") == a and h.get("seed") == s]
-        done[(a, s)] = r
-  return done
+  from fedjax_inv.algorithms.schema import check_values
+  check_values(values, f"{flag} {name + '.' if scoped else ''}", algorithm=name)
 
 
 def run_experiment(cfg: dict, progress: bool = True, overrides=None,
                    stream=None) -> dict:
-  """Runs every (algorithm, seed) of ``cfg`` and writes the results directory.
+  """Runs every (algorithm, seed[, held-out domain]) of ``cfg`` and writes the results
+  directory.
 
   ``cfg`` keys: see ``fedjax_inv.config.RUN_KEYS`` (checked by
   ``fedjax_inv.config.check_run_config``); also ``reporting`` ('auto' | 'none'), ``select``
@@ -247,14 +190,16 @@ def run_experiment(cfg: dict, progress: bool = True, overrides=None,
   current run's state every N rounds in ``<algorithm>/seed<s>/checkpoint/``, or a
   batch's in ``<algorithm>/batch-<hash>/checkpoint/``) and ``resume`` (a folder of an
   earlier, interrupted run of the same config: finished runs are kept, the current one
-  continues from its checkpoint, the others run).
+  continues from its checkpoint, the others run), ``holdout`` ('all' or comma-separated
+  domains: leave-one-domain-out, one more axis of the runs; every other key works with
+  it) and ``validation`` (its training-domain validation: 'mean' | 'pooled').
   ``overrides``: algorithm hyperparameters set by the user (they win over the task's
   defaults; ``ALGORITHM.NAME`` keys apply to one algorithm, :func:`split_overrides`).
 
   Three steps: :func:`plan_experiment` (every check, the runs; nothing written or
   compiled), :func:`open_output` (the folder, ``config.json``, the finished runs of a
-  resumed attempt), :func:`execute` (each group of runs batched as one program or one
-  after another, with the reason), then the summary files. Outputs are streamed:
+  resumed attempt), ``fedjax_inv.executor.execute`` (each group of runs batched as one
+  program or one after another, with the reason), then the summary files. Outputs are streamed:
   ``metrics.jsonl`` gets a line per evaluation, ``<algorithm>/seed<s>/summary.json`` is
   written when a run ends, the aggregate files when all end (or on Ctrl-C). A run whose
   train objective becomes non-finite is recorded with ``status: 'diverged'`` and its
@@ -269,16 +214,18 @@ def run_experiment(cfg: dict, progress: bool = True, overrides=None,
       (``summary['status'] == 'interrupted'``).
   """
   stream = stream or sys.stdout
+  from fedjax_inv import executor
   pl = plan_experiment(cfg, overrides)
   out, done = open_output(pl, stream)
-  rec = _Recorder(pl, out, stream)
+  rec = executor.Recorder(pl, out, stream)
   t0 = time.perf_counter()
   try:
-    execute(pl, out, done, rec, progress, stream)
+    executor.execute(pl, out, done, rec, progress, stream)
   except KeyboardInterrupt:
     rec.status = "interrupted"
   summary = write_summary(pl, out, rec, stream)
-  print(f"\nwrote {out}/ (summary.json, metrics.jsonl, results.md, curves.png) in "
+  print(f"\nwrote {out}/ (summary.json, metrics.jsonl, results.md"
+        f"{'' if pl.holdouts != [None] else ', curves.png'}) in "
         f"{time.perf_counter() - t0:.0f}s" + ("" if rec.status == "ok" else
                                               f"; status: {rec.status}"), file=stream)
   if rec.status == "interrupted":
@@ -289,14 +236,14 @@ def run_experiment(cfg: dict, progress: bool = True, overrides=None,
 def _sweep_points(cfg: dict, algos, per_algo: dict):
   """``(specs, points, search_info)`` of ``--sweep`` / ``--search`` per algorithm (one
   point ``{}`` without either), every point checked (:func:`check_hparams`)."""
-  from fedjax_inv import sweep as sweep_lib
-  parsed = sweep_lib.parse_sweep(cfg.get("sweep"))
+  from fedjax_inv import grid
+  parsed = grid.parse_sweep(cfg.get("sweep"))
   for scope in parsed:
     if scope is not None and scope not in algos:
       raise ValueError(f"--sweep {scope}.…: {scope!r} is not an algorithm of this run "
                        f"({', '.join(algos)}).")
-  specs = {a: sweep_lib.spec_for(parsed, a) for a in algos}
-  pts = {a: sweep_lib.points(specs[a]) for a in algos}
+  specs = {a: grid.spec_for(parsed, a) for a in algos}
+  pts = {a: grid.points(specs[a]) for a in algos}
   search_info = None
   if cfg.get("search"):  # random search from the registry (algorithms/hparams.py)
     if cfg.get("sweep"):
@@ -321,36 +268,57 @@ def _sweep_points(cfg: dict, algos, per_algo: dict):
 def _build_algorithms(algos, per_algo: dict, pts: dict, task):
   """``(plans, labels, built)``: per algorithm its ``sweep.Plan`` and run labels (the
   algorithm, or 'algorithm@name=value,...'), and every label's ``Algorithm``."""
-  from fedjax_inv import sweep as sweep_lib
+  from fedjax_inv import grid
   from fedjax_inv.algorithms import make_algorithm
   plans, labels, built = {}, {}, {}
   for a in algos:
     make = lambda p, a=a: make_algorithm(a, **task.algorithm_settings(  # noqa: E731
         a, {**per_algo[a], **p}))
     try:
-      plans[a] = sweep_lib.plan(a, make, pts[a])
+      plans[a] = grid.plan(a, make, pts[a])
     except ValueError as e:
       if len(algos) > 1 and "unknown hyperparameters" in str(e):
         raise ValueError(f"{e} (with several algorithms, scope a value to one: "
                          f"--hp {a}.NAME=VALUE is ignored by the others)") from None
       raise
-    labels[a] = [sweep_lib.label(a, p) for p in plans[a].points]
+    labels[a] = [grid.label(a, p) for p in plans[a].points]
     built.update(zip(labels[a], plans[a].concrete))
   return plans, labels, built
 
 
-def plan_experiment(cfg: dict, overrides=None):
-  """The planner of :func:`run_experiment`: checks everything (config, names, sizes,
-  hyperparameters, sweep / search points, reporting) and builds the task and every run's
-  ``Algorithm``, before any compile and before anything is written.
+def plan_experiment(cfg: dict, overrides=None, *, task_kwargs=None, seeds=None,
+                    resplit: bool = False, holdouts=None, task=None, reporting="auto"):
+  """The planner of :func:`run_experiment` (and of ``fedjax_inv.lodo.run_lodo``): checks
+  everything (config, names, sizes, hyperparameters, sweep / search points, held-out
+  domains, reporting) and builds the task and every run's ``Algorithm``, before any
+  compile and before anything is written. The runs are every (label, seed, holdout):
+  labels = algorithms or their sweep / search points, holdout = each ``--holdout``
+  domain (``[None]`` without one).
+
+  Args:
+    cfg: the run config (``fedjax_inv.config.RUN_KEYS``).
+    overrides: algorithm hyperparameters (``NAME`` or ``ALGORITHM.NAME`` keys).
+    task_kwargs: extra task-builder arguments (``n_per_domain``, ``image_size``, ...;
+      ``seed`` = the data split seed, default ``cfg['seed']``); not ``holdout``.
+    seeds: the training seeds (default ``cfg['seed']`` .. ``+ cfg['seeds'] - 1``).
+    resplit: build each seed's task with ``seed = that seed`` (DomainBed's per-trial
+      split) instead of one split for all seeds.
+    holdouts: the held-out domains as a list of names or indices, or 'all' (default:
+      parsed from ``cfg['holdout']``, where a domain name wins over an index).
+    task: a ``Task`` object to run instead of building ``cfg['task']`` by name
+      (``sweep.run_sweep``; not with held-out domains).
+    reporting: 'auto' (from ``cfg``: :func:`run_reporting`), or the ``reporting``
+      argument of ``simulation.run`` to use as given (a ``Reporting``, dict or None).
 
   Returns:
-    a namespace: ``cfg`` (checked), ``algos``, ``seeds``, ``task``, ``rounds``,
-    ``eval_every``, ``cohort``, ``plans`` / ``labels`` / ``built`` (per algorithm: its
-    ``sweep.Plan``, its run labels; per label: its ``Algorithm``), ``names`` (every
-    label), ``rep`` (the ``Reporting``), ``resolved`` (the config written to
-    ``config.json``), ``search_info``, ``replicas`` and ``batched`` (seeds / traced
-    points run as one vmapped program), ``out`` / ``resume`` / ``overwrite``.
+    a namespace: ``cfg`` (checked), ``algos``, ``seeds``, ``holdouts`` (domain names, or
+    ``[None]``), ``domains``, ``validation``, ``task`` (the first task), ``tasks`` (the
+    cache of ``executor.task_for``), ``task_kwargs``, ``split_seed``, ``resplit``,
+    ``rounds``, ``eval_every``, ``cohort``, ``plans`` / ``labels`` / ``built`` (per
+    algorithm: its ``sweep.Plan``, its run labels; per label: its ``Algorithm``),
+    ``names`` (every label), ``rep`` (the ``Reporting``), ``resolved`` (the config written
+    to ``config.json``), ``search_info``, ``replicas`` and ``batched`` (runs that share a
+    program run as one vmapped program), ``out`` / ``resume`` / ``overwrite``.
 
   Raises:
     ValueError: anything :func:`run_experiment` refuses.
@@ -359,11 +327,11 @@ def plan_experiment(cfg: dict, overrides=None):
   from fedjax_inv import config
   from fedjax_inv.core.engine import resolve_strategy
   from fedjax_inv.eval import reporting as rlib
-  from fedjax_inv.tasks import make_task
   cfg = config.check_run_config(cfg)
   algos = [a.strip() for a in str(cfg.get("algorithm", "fedavg")).split(",") if a.strip()]
   seed0 = int(cfg.get("seed") or 0)
   nseeds = int(cfg["seeds"]) if cfg.get("seeds") is not None else 1
+  seeds = list(range(seed0, seed0 + nseeds)) if seeds is None else _check_seeds(seeds)
   resume = cfg.get("resume")
   if resume and not (pathlib.Path(resume) / "config.json").is_file():
     raise ValueError(f"--resume {str(resume)!r}: no config.json there; give the folder "
@@ -379,9 +347,17 @@ def plan_experiment(cfg: dict, overrides=None):
   for a in algos:
     check_hparams(a, dict(per_algo[a]))
   _, pts, search_info = _sweep_points(cfg, algos, per_algo)
-  task = make_task(cfg["task"], data_dir=cfg.get("data_dir"),
-                   source=cfg.get("source") or "auto",
-                   download=bool(cfg.get("download")), seed=seed0)
+  tkw = {"data_dir": cfg.get("data_dir"), "source": cfg.get("source") or "auto",
+         "download": bool(cfg.get("download")), **(task_kwargs or {})}
+  if "holdout" in tkw:
+    raise ValueError("task_kwargs must not set 'holdout'; choose held-out domains with "
+                     "--holdout (holdouts=...) instead.")
+  split_seed = int(tkw.pop("seed", seed0))
+  if task is not None and (holdouts is not None or cfg.get("holdout")):
+    raise ValueError("a Task object and held-out domains: give the task by name to run "
+                     "leave-one-domain-out.")
+  task, domains, holdouts = ((task, None, [None]) if task is not None else
+                             _plan_task(cfg, tkw, split_seed, holdouts))
 
   def given(key, default):  # None = not given; 0 was refused by check_run_config
     return default if cfg.get(key) is None else cfg[key]
@@ -390,10 +366,14 @@ def plan_experiment(cfg: dict, overrides=None):
   cohort = int(given("clients_per_round", task.train.num_clients))
   if not 1 <= cohort <= task.train.num_clients:
     raise ValueError(f"--clients-per-round {cohort}: the task has "
-                     f"{task.train.num_clients} training clients.")
+                     f"{task.train.num_clients} training clients"
+                     + (" per held-out domain." if domains else "."))
   plans, labels, built = _build_algorithms(algos, per_algo, pts, task)
-  rep = run_reporting(cfg, task)
-  rlib.check(rep, task)
+  if isinstance(reporting, str) and reporting == "auto":
+    rep = run_reporting(cfg, task)
+    rlib.check(rep, task)
+  else:
+    rep = reporting  # as given to simulation.run, which checks it
   # The resolved config (summary.json['config']; `fedjax-inv run --config summary.json`).
   resolved = {k: v for k, v in cfg.items()
               if k in config.RUN_KEYS and v is not None and k not in ("out", "overwrite",
@@ -406,14 +386,45 @@ def plan_experiment(cfg: dict, overrides=None):
     resolved["hp"] = list(resolved.get("hp") or []) + extra_hp
   replicas = cfg.get("replicas") or "auto"
   return types.SimpleNamespace(
-      cfg=cfg, algos=algos, seeds=list(range(seed0, seed0 + nseeds)), task=task,
+      cfg=cfg, algos=algos, seeds=seeds, task=task, holdouts=holdouts, domains=domains,
+      validation=cfg.get("validation") or "mean", split_seed=split_seed,
+      resplit=bool(resplit), task_kwargs=tkw,
+      tasks={(task.info.get("holdout") if domains else None, split_seed): task},
       rounds=rounds, eval_every=eval_every, cohort=cohort, plans=plans, labels=labels,
       built=built, names=[lab for a in algos for lab in labels[a]], rep=rep,
       resolved=resolved, search_info=search_info, replicas=replicas,
       batched=replicas == "batched" or (replicas == "auto"
                                         and jax.default_backend() != "cpu"),
       out=out, resume=resume, overwrite=bool(cfg.get("overwrite")), sweep_notes={},
-      ran_batched=False)
+      holdout_note=None, ran_batched=False)
+
+
+def _check_seeds(seeds) -> list:
+  """``seeds`` as a list of distinct ints >= 0 (ValueError naming the value otherwise)."""
+  import numbers
+  seeds = [seeds] if isinstance(seeds, numbers.Integral) else list(seeds)
+  if not seeds:
+    raise ValueError("seeds is empty; pass at least one seed, e.g. seeds=(0, 1, 2).")
+  if (any(isinstance(s, bool) or not isinstance(s, numbers.Integral) or s < 0
+          for s in seeds) or len(set(seeds)) != len(seeds)):
+    raise ValueError(f"seeds={seeds}; use distinct integers >= 0.")
+  return [int(s) for s in seeds]
+
+
+def _plan_task(cfg: dict, task_kwargs: dict, split_seed: int, holdouts=None):
+  """``(first task, domains, holdouts)``: without ``--holdout`` the task, ``None`` and
+  ``[None]``; with it the task of the first held-out domain, every domain name and the
+  held-out domains to run (``fedjax_inv.lodo.resolve_holdouts``: a domain task with 'val'
+  and 'ood' sets; names or indices, 'all')."""
+  from fedjax_inv.tasks import make_task
+  if holdouts is None and not cfg.get("holdout"):
+    return make_task(cfg["task"], seed=split_seed, **task_kwargs), None, [None]
+  if holdouts is None:
+    holdout = str(cfg["holdout"])
+    # Strings: a domain name wins over an index ('75' is RotatedMNIST's 75° domain, not
+    # index 75); a digit string that names no domain is an index (lodo._domain_name).
+    holdouts = "all" if holdout == "all" else [h.strip() for h in holdout.split(",")]
+  return resolve_holdouts(cfg["task"], task_kwargs, split_seed, holdouts)
 
 
 def open_output(pl, stream):
@@ -422,7 +433,8 @@ def open_output(pl, stream):
   the runs a resumed attempt finished.
 
   Returns:
-    ``(out, done)``: the folder and ``{(label, seed): run dict}`` of finished runs.
+    ``(out, done)``: the folder and ``{(label, seed, holdout): run dict}`` of finished
+    runs.
 
   Raises:
     ValueError: the folder may not be written (not ours, not empty) or, with
@@ -446,168 +458,29 @@ def open_output(pl, stream):
     out.mkdir(parents=True, exist_ok=True)
   (out / outputs.MARKER).write_text("written by fedjax-inv\n")
   outputs.write_json(out / "config.json", pl.resolved)
-  done = _load_finished(out, pl.names, pl.seeds) if pl.resume else {}
+  from fedjax_inv import executor
+  done = executor.load_finished(out, [(a, s, h) for a in pl.names for h in pl.holdouts
+                                      for s in pl.seeds]) if pl.resume else {}
   outputs.write_jsonl(out / "metrics.jsonl", [
-      {"algorithm": a, "seed": s, **h} for (a, s), r in done.items() for h in r["history"]])
+      executor.metrics_row(k, e) for k, r in done.items() for e in r["history"]])
   task = pl.task
   print(f"task {task.name}: {task.train.num_clients} training clients "
         f"(sizes {list(map(int, task.train.n))}), eval sets {list(task.eval_sets)}; "
         f"data: {task.info.get('data_note', task.info.get('dataset_source', 'generated'))}"
-        f"; writing {out}/", file=stream)
+        + (f"; held-out domains {pl.holdouts} of {pl.domains}" if pl.domains else "")
+        + f"; writing {out}/", file=stream)
   return out, done
-
-
-class _Recorder:
-  """Collects the finished runs of :func:`execute` (``runs``, ``status``), writes each
-  run's ``summary.json`` as it ends, removes its checkpoint and prints its line."""
-
-  def __init__(self, pl, out, stream):
-    self.pl, self.out, self.stream = pl, out, stream
-    self.runs, self.status = [], "ok"
-
-  def base(self, s: int, a: str, algo: str) -> dict:
-    pl = self.pl
-    b = {"task": pl.task.name, "algorithm": a, "seed": s, "rounds": pl.rounds,
-         "num_clients": pl.task.train.num_clients, "clients_per_round": pl.cohort}
-    point = dict(zip(pl.labels[algo], pl.plans[algo].points))[a]
-    if point:
-      b.update(base_algorithm=algo, sweep=point)
-    return b
-
-  def __call__(self, a, s, res, base, ckpt):
-    from fedjax_inv.simulation import DivergedError
-    pl, stream = self.pl, self.stream
-    shutil.rmtree(ckpt, ignore_errors=True)  # ours; the run is over
-    if isinstance(res, DivergedError):
-      summary = {**base, "status": "diverged", "diverged_round": res.round,
-                 "error": str(res), "hparams": pl.built[a].hparams, "data": pl.task.info,
-                 "history": res.history}
-      self._keep(a, s, summary)
-      self.status = "diverged"
-      print(f"  {a:18s} seed {s}: DIVERGED at round {res.round} (train objective not "
-            "finite); recorded, going on", file=stream)
-      return
-    self._keep(a, s, {**base, "status": "ok", "final": res.final, **res.report(),
-                      "hparams": pl.built[a].hparams, "execution": res.strategy,
-                      "seconds": round(res.seconds, 2), "data": pl.task.info,
-                      "history": res.history})
-    _print_run(a, s, res, stream)
-
-  def _keep(self, a, s, summary):
-    self.runs.append(summary)
-    outputs.write_json(_run_dir(self.out, a, s) / "summary.json",
-                       {k: v for k, v in summary.items() if k != "history"})
-
-
-def _print_run(a: str, s: int, res, stream) -> None:
-  f = res.final
-  acc = " ".join(f"{k}={v:.3f}" for k, v in f.items()
-                 if k.endswith(("_accuracy", "_mse")) and "client" not in k)
-  print(f"  {a:18s} seed {s}: {acc}  ({res.seconds:.1f}s, {res.strategy})", file=stream)
-  for rule, e in res.selected.items():
-    vals = " ".join(f"{k}={v:.3f}" for k, v in e.items()
-                    if k.endswith(("_accuracy", "_mse", "_auroc", "_auprc"))
-                    and "client" not in k and isinstance(v, float))
-    print(f"  {'':18s}   at {rule} (round {e['round']}): {vals}", file=stream)
-  if res.last_k_mean is not None:
-    w = res.last_k_mean
-    vals = " ".join(f"{k}={v:.3f}" for k, v in w.items()
-                    if k.endswith(("_accuracy", "_mse")) and "client" not in k)
-    print(f"  {'':18s}   mean of rounds {w['first_round']}-{w['last_round']}: "
-          f"{vals}", file=stream)
-
-
-def execute(pl, out, done, rec, progress, stream) -> None:
-  """The executor of :func:`run_experiment`: for each algorithm, its sweep points and
-  seeds not in ``done``: traced sweep points × seeds as one ``run_replicas`` program, or
-  an algorithm's seeds as one (``pl.batched``), else one ``simulation.run`` after
-  another; the choice and its reason are printed and kept in ``pl.sweep_notes``. Each
-  finished run goes to ``rec``; checkpoints (``--checkpoint-every``) per run or per batch.
-  """
-  from fedjax_inv import simulation, sweep as sweep_lib
-  cfg, metrics_path = pl.cfg, out / "metrics.jsonl"
-  common = dict(rounds=pl.rounds, clients_per_round=pl.cohort,
-                execution=cfg.get("execution") or "auto", chunk_size=cfg.get("chunk_size"),
-                eval_every=pl.eval_every, progress=progress, reporting=pl.rep,
-                rounds_per_call=cfg.get("rounds_per_call") or 1)
-
-  def checkpointing(path):  # --checkpoint-every: the run's (or batch's) checkpoint folder
-    every = cfg.get("checkpoint_every")
-    return dict(checkpoint_dir=path if every else None, checkpoint_every=every)
-
-  def row_writer(keyed):  # callback(key, entry) -> metrics.jsonl; keyed[key] = (label, seed)
-    return lambda k, entry: outputs.append_jsonl(
-        metrics_path, {"algorithm": keyed[k][0], "seed": keyed[k][1], **entry})
-
-  def batch(algo, folder, structure, todo, hparams=None):
-    # run_replicas calls back with the replica index when it traces hparams, else the seed
-    from fedjax_inv import replicas
-    pl.ran_batched = True
-    bdir = _batch_dir(out, folder, todo)
-    keyed = dict(enumerate(todo)) if hparams is not None else {p[1]: p for p in todo}
-    kw = dict(seeds=[s for _, s in todo], callback=row_writer(keyed), **common,
-              **checkpointing(bdir))
-    if hparams is not None:
-      kw.update(seeds=hparams[0], hparams=hparams[1])
-    results = replicas.run_replicas(pl.task, structure, **kw)
-    for (lab, s), res in zip(todo, results):
-      rec(lab, s, res, dict(rec.base(s, lab, algo), replicas=f"batched x{len(todo)}"),
-          _run_dir(out, lab, s) / "checkpoint")
-    shutil.rmtree(bdir.parent, ignore_errors=True)  # ours; the batch is over
-
-  for algo in pl.algos:
-    plan = pl.plans[algo]
-    point_of = dict(zip(pl.labels[algo], plan.points))
-    for a in pl.labels[algo]:
-      for s in pl.seeds:
-        if (a, s) in done:
-          rec.runs.append(done[(a, s)])
-          print(f"  {a:18s} seed {s}: finished earlier (resumed), kept", file=stream)
-    if len(plan.points) > 1:
-      pl.sweep_notes[algo] = _sweep_note(plan, pl.batched, pl.replicas)
-      print(f"  {algo}: {len(plan.points)} sweep points × {len(pl.seeds)} seed(s), "
-            f"{pl.sweep_notes[algo]}", file=stream)
-    if plan.batched and pl.batched and len(plan.points) > 1:
-      todo = [(lab, s) for lab in pl.labels[algo] for s in pl.seeds if (lab, s) not in done]
-      if todo:
-        batch(algo, algo, plan.structure, todo, sweep_lib.replica_hparams(
-            plan, [(point_of[lab], s) for lab, s in todo]))
-      continue
-    for a in pl.labels[algo]:
-      todo = [s for s in pl.seeds if (a, s) not in done]
-      if pl.batched and len(todo) > 1:
-        print(f"  {a:18s} seeds {todo}: batched as one program (--replicas "
-              f"{pl.replicas})", file=stream)
-        batch(algo, a, pl.built[a], [(a, s) for s in todo])
-        continue
-      for s in todo:
-        ckpt = _run_dir(out, a, s) / "checkpoint"
-        try:
-          res = simulation.run(pl.task, pl.built[a], seed=s, **common,
-                               callback=lambda e, a=a, s=s: row_writer({0: (a, s)})(0, e),
-                               **checkpointing(ckpt))
-        except simulation.DivergedError as e:
-          res = e
-        rec(a, s, res, rec.base(s, a, algo), ckpt)
-
-
-def _sweep_note(plan, batched: bool, replicas: str) -> str:
-  """How a sweep's points run, and why (summary.json['sweep'][algorithm]['runs'])."""
-  if plan.batched and batched:
-    return "batched: " + ", ".join(plan.traced) + " traced"
-  return "one after another: " + (
-      plan.reason if not plan.batched else
-      f"--replicas {replicas}" + (" (sequential on CPU; --replicas batched traces "
-                                  + ", ".join(plan.traced) + ")"
-                                  if replicas == "auto" else ""))
 
 
 def write_summary(pl, out, rec, stream) -> dict:
   """Writes ``summary.json`` (with the table, status, failed / unfinished runs,
   provenance and the resolved config) and, when a run finished, ``results.md/.csv`` and
-  ``curves.png``; prints the table. Returns the summary."""
+  ``curves.png``; prints the table. With held-out domains, the leave-one-domain-out
+  summary and tables instead (:func:`_write_lodo_summary`). Returns the summary."""
   from fedjax_inv.eval import reporting as rlib
-  task, seeds, runs, status = pl.task, pl.seeds, rec.runs, rec.status
+  if pl.holdouts != [None]:
+    return _write_lodo_summary(pl, out, rec, stream)
+  task, seeds, runs = pl.task, pl.seeds, rec.runs
   ok = [r for r in runs if r.get("status", "ok") == "ok"]
   extra, printed_extra = report_columns(task, pl.rep, pl.rounds)
   metrics = _final_metrics(task) + extra
@@ -621,31 +494,65 @@ def write_summary(pl, out, rec, stream) -> dict:
                "runs": [{k: v for k, v in r.items() if k not in ("history", "data")}
                         for r in runs],
                "data": task.info}
-  summary["status"] = status
+  _stamp(summary, pl, rec)
   summary["replicas"] = ("batched (seeds of an algorithm as one vmapped program)"
                          if pl.ran_batched else "sequential")
+  outputs.write_json(out / "summary.json", summary)
+  if ok:
+    _write_tables(pl, out, runs, ok, table, metrics, printed_extra, stream)
+  return summary
+
+
+def _stamp(summary: dict, pl, rec) -> None:
+  """Adds what every summary.json carries: status, sweep / search notes, failed and
+  unfinished runs, the JAX setup, the command, provenance and the resolved config."""
+  status, runs = rec.status, rec.runs
+  summary["status"] = status
   if pl.sweep_notes:
     summary["sweep"] = {a: {"points": pl.plans[a].points, "runs": pl.sweep_notes[a]}
                         for a in pl.sweep_notes}
   if pl.search_info:
     summary["search"] = pl.search_info
   if status != "ok":
-    summary["failed_runs"] = [{"algorithm": r["algorithm"], "seed": r["seed"],
-                               "status": r["status"],
-                               "diverged_round": r.get("diverged_round")}
-                              for r in runs if r.get("status") == "diverged"]
+    summary["failed_runs"] = [
+        {k: r.get(k) for k in ("algorithm", "seed", "holdout", "status", "diverged_round")
+         if k != "holdout" or "holdout" in r}
+        for r in runs if r.get("status") == "diverged"]
     if status == "interrupted":
-      summary["not_finished"] = [{"algorithm": a, "seed": s} for a in pl.names
-                                 for s in seeds if not any(
-                                     r["algorithm"] == a and r["seed"] == s for r in runs)]
+      have = {(r["algorithm"], r["seed"], r.get("holdout")) for r in runs}
+      summary["not_finished"] = [
+          {"algorithm": a, "seed": s, **({} if h is None else {"holdout": h})}
+          for a in pl.names for h in pl.holdouts for s in pl.seeds
+          if (a, s, h) not in have]
   summary["jax"] = {"version": jax.__version__, "backend": jax.default_backend(),
                     "devices": jax.device_count(), "cpu_flags": xla_cpu.status()}
   summary["command"] = " ".join(sys.argv)
   summary["provenance"] = provenance()
   summary["config"] = pl.resolved
+
+
+def _write_lodo_summary(pl, out, rec, stream) -> dict:
+  """Leave-one-domain-out outputs: ``summary.json`` = ``fedjax_inv.lodo.result_from_runs``
+  without the histories (per-domain cells, selections, seeds, task info) plus the common
+  keys (:func:`_stamp`, ``holdouts_run``: how the domains ran); ``results.md`` /
+  ``results.csv`` = the paper-style tables (one per selection method)."""
+  from fedjax_inv.eval import lodo
+  result = lodo.result_from_runs(pl, rec.runs)
+  summary = {k: v for k, v in result.items() if k != "runs"}
+  summary["runs"] = [{k: v for k, v in r.items() if k != "history"}
+                     for r in result["runs"]]
+  if pl.holdout_note:
+    summary["holdouts_run"] = pl.holdout_note
+  _stamp(summary, pl, rec)
   outputs.write_json(out / "summary.json", summary)
-  if ok:
-    _write_tables(pl, out, runs, ok, table, metrics, printed_extra, stream)
+  if result["runs"]:
+    failed = "".join(f"\n{r['algorithm']} seed {r['seed']} holdout {r['holdout']}: "
+                     f"diverged at round {r['diverged_round']} (left out of the table)\n"
+                     for r in rec.runs if r.get("status") == "diverged")
+    md = lodo.format_lodo_markdown(result)
+    outputs.write_text_atomic(out / "results.md", md + "\n" + failed)
+    outputs.write_text_atomic(out / "results.csv", lodo.lodo_csv(result))
+    print("\n" + md, file=stream)
   return summary
 
 
@@ -665,61 +572,57 @@ def _write_tables(pl, out, runs, ok, table, metrics, printed_extra, stream) -> N
   print("\n" + outputs.format_table(table, printed, markdown=False), file=stream)
 
 
-def run_holdout_experiment(cfg: dict, progress: bool = True, overrides=None,
-                           stream=None) -> dict:
-  """Leave-one-domain-out (``--holdout all`` or a comma-separated list of domains) for a
-  domain task: every held-out domain × algorithm × seed, model selection by
-  training-domain validation, test-domain oracle and last round, written as paper-style
-  tables to ``runs/<name>/`` (see ``fedjax_inv.lodo``). ``cfg['validation']``:
-  'mean' (default, DomainBed/FedIIR per-domain average) or 'pooled'."""
-  from fedjax_inv import config
-  from fedjax_inv import lodo
-  stream = stream or sys.stdout
-  cfg = config.check_run_config(cfg)
-  if cfg.get("resume"):
-    raise ValueError("--resume is not supported with --holdout; rerun with a new --out.")
-  for key in ("rounds_per_call", "checkpoint_every"):
-    if cfg.get(key) not in (None, "auto", 1) or (key == "checkpoint_every" and cfg.get(key)):
-      raise ValueError(f"{config.flag(key)} {cfg[key]}: not supported with --holdout yet "
-                       "(leave-one-domain-out runs one held-out domain at a time); leave "
-                       "it out.")
-  if cfg.get("sweep") or cfg.get("search"):
-    which = "--sweep" if cfg.get("sweep") else "--search"
-    raise ValueError(f"{which} is not supported with --holdout yet (leave-one-domain-out "
-                     "runs one held-out domain at a time); run one --holdout run per "
-                     "setting (--hp NAME=VALUE).")
-  scoped = [k for k in (overrides or {}) if "." in k]
-  if scoped:
-    raise ValueError(f"--hp {scoped[0]}=...: ALGORITHM.NAME scoping is not supported with "
-                     "--holdout; run one algorithm per --holdout run, with plain NAME=VALUE.")
-  overwrite = bool(cfg.get("overwrite"))
-  if cfg.get("out"):
-    outputs.check_out_dir(cfg["out"], overwrite)
-  holdout = str(cfg["holdout"])
-  # Strings: a domain name wins over an index ('75' is RotatedMNIST's 75° domain, not
-  # index 75); a digit string that names no domain is an index (lodo._domain_name).
-  holdouts = "all" if holdout == "all" else [h.strip() for h in holdout.split(",")]
-  seed0 = int(cfg.get("seed") or 0)
-  nseeds = int(cfg.get("seeds") or 1)
-  if nseeds < 1:
-    raise ValueError(f"--seeds {nseeds}: must be >= 1.")
-  task_kwargs = {"data_dir": cfg.get("data_dir"), "source": cfg.get("source") or "auto",
-                 "download": bool(cfg.get("download")), "seed": seed0}
-  result = lodo.run_lodo(
-      cfg["task"], str(cfg.get("algorithm", "fedavg")),
-      seeds=tuple(range(seed0, seed0 + nseeds)), rounds=cfg.get("rounds"),
-      holdouts=holdouts, task_kwargs=task_kwargs, algorithm_kwargs=overrides or {},
-      execution=cfg.get("execution") or "auto", eval_every=cfg.get("eval_every"),
-      progress=progress, clients_per_round=cfg.get("clients_per_round"), stream=stream,
-      validation=cfg.get("validation") or "mean", replicas=cfg.get("replicas") or "auto")
-  if cfg.get("out"):
-    out = pathlib.Path(cfg["out"])
-    if overwrite:
-      outputs.remove_run_dir(out)  # only a folder fedjax-inv wrote (checked above)
-  else:
-    out = default_out(str(cfg["task"]), ["lodo"])
-  lodo.write_lodo_outputs(out, result)
-  print("\n" + lodo.format_lodo_markdown(result), file=stream)
-  print(f"\nwrote {out}/ (results.md, results.csv, summary.json, metrics.jsonl)",
-        file=stream)
-  return result
+def resolve_holdouts(task_name, task_kwargs, split_seed, holdouts):
+  """Builds the first task (checks the task and its kwargs) and resolves ``holdouts``
+  (names or indices, or 'all') of a domain task (leave-one-domain-out).
+
+  Returns:
+    ``(first task, all domain names, the held-out domain names to run, in order)``.
+
+  Raises:
+    ValueError: not a domain task, a regression task, no 'val' / 'ood' set, an unknown
+      or repeated held-out domain, an empty list.
+  """
+  import numbers
+  from fedjax_inv.tasks import make_task
+  first = make_task(task_name, seed=split_seed, **task_kwargs)
+  domains = first.info.get("domains")
+  if not domains or "holdout" not in first.info:
+    raise ValueError(f"task {task_name!r} is not a domain task (its info has no 'domains' "
+                     "/ 'holdout'); leave-one-domain-out needs one.")
+  domains = [str(d) for d in domains]
+  if first.kind == "regression":
+    raise ValueError(f"task {task_name!r} is a regression task; LODO selects by accuracy.")
+  for s in ("val", "ood"):
+    if s not in first.eval_sets:
+      raise ValueError(f"task {task_name!r} has no {s!r} evaluation set (it has "
+                       f"{sorted(first.eval_sets)}); the LODO contract needs 'val' and "
+                       "'ood' (val_fraction > 0).")
+  if isinstance(holdouts, str) and holdouts == "all":
+    return first, domains, list(domains)
+  items = [holdouts] if isinstance(holdouts, (str, int, numbers.Integral)) else list(holdouts)
+  if not items:
+    raise ValueError("holdouts is empty; pass 'all' or at least one domain.")
+  wanted = [_domain_name(h, domains) for h in items]
+  if len(set(wanted)) != len(wanted):
+    raise ValueError(f"holdouts {items} name a domain twice.")
+  return first, domains, wanted
+
+
+def _domain_name(h, domains: list) -> str:
+  import numbers
+  if isinstance(h, (int, numbers.Integral)) and not isinstance(h, bool):
+    if not 0 <= int(h) < len(domains):
+      raise ValueError(f"holdout index {h} out of range; domains are {domains} "
+                       f"(indices 0..{len(domains) - 1}).")
+    return domains[int(h)]
+  if isinstance(h, str):
+    if h in domains:
+      return h
+    low = [d.lower() for d in domains]
+    if h.lower() in low:
+      return domains[low.index(h.lower())]
+    if h.isdigit():
+      return _domain_name(int(h), domains)
+  raise ValueError(f"unknown holdout domain {h!r}; domains are {domains} (names or "
+                   "indices).")

@@ -1,8 +1,10 @@
-"""Leave-one-domain-out runs (the run layer over ``fedjax_inv.eval.lodo``): every held-out
-domain × algorithm × seed of a domain task, trained with ``fedjax_inv.simulation.run`` (or
-batched with ``fedjax_inv.replicas.run_replicas``), each run's rounds picked by the
-selection methods of :mod:`fedjax_inv.eval.lodo` (training-domain validation, test-domain
-oracle, last), tabulated like the papers' tables and written atomically.
+"""Leave-one-domain-out runs, the Python front end: every held-out domain × algorithm ×
+seed of a domain task is one run of the planner / executor of ``fedjax-inv run``
+(``experiment.plan_experiment``, ``executor.execute``: the held-out domain is one more
+axis of the runs, batched with the seeds when the domains' data have equal shapes), each
+run's rounds picked by the selection methods of :mod:`fedjax_inv.eval.lodo`
+(training-domain validation, test-domain oracle, last), tabulated like the papers'
+tables (:func:`result_from_runs`) and written atomically (:func:`write_lodo_outputs`).
 
 Source: DomainBed (Gulrajani & Lopez-Paz 2021) model selection; FedIIR §5, FedSR §4.2.
 """
@@ -11,16 +13,16 @@ from __future__ import annotations
 import pathlib
 import sys
 import time
-from typing import Sequence
 
 import numpy as np
 
 from fedjax_inv import outputs
 from fedjax_inv.eval.lodo import (SELECTIONS, VALIDATIONS, format_lodo_markdown, lodo_csv,
-                                  lodo_table, select_rounds)
+                                  lodo_table, result_from_runs, select_rounds)
+from fedjax_inv.experiment import resolve_holdouts
 
-__all__ = ["run_lodo", "write_lodo_outputs", "SELECTIONS", "format_lodo_markdown",
-           "lodo_csv", "lodo_table", "select_rounds"]
+__all__ = ["run_lodo", "result_from_runs", "resolve_holdouts", "write_lodo_outputs",
+           "SELECTIONS", "format_lodo_markdown", "lodo_csv", "lodo_table", "select_rounds"]
 
 
 def _as_list(x, what: str) -> list:
@@ -30,15 +32,6 @@ def _as_list(x, what: str) -> list:
   if not x:
     raise ValueError(f"{what} is empty; give at least one.")
   return x
-
-
-def _algorithm_kwargs(name: str, task, algorithm_kwargs: dict | None,
-                      algorithms: Sequence[str]) -> dict:
-  """``task.algorithm_settings`` (task defaults, its per-algorithm settings), overridden
-  by the common entries of ``algorithm_kwargs``, then by ``algorithm_kwargs[name]``."""
-  ak = dict(algorithm_kwargs or {})
-  per = {a: ak.pop(a) for a in list(ak) if a in algorithms and isinstance(ak[a], dict)}
-  return task.algorithm_settings(name, {**ak, **per.get(name, {})})
 
 
 def run_lodo(task_name: str, algorithms, *, seeds=(0,), rounds: int | None = None,
@@ -94,45 +87,41 @@ def run_lodo(task_name: str, algorithms, *, seeds=(0,), rounds: int | None = Non
       empty ``seeds`` or ``algorithms``, duplicates, ``rounds < 1``, ``holdout`` in
       ``task_kwargs``, a bad hyperparameter, execution strategy or ``validation`` — all
       before any training.
+    RuntimeError: a run's train objective became non-finite (after every run ended;
+      ``fedjax-inv run --holdout`` records such runs instead).
   """
-  import types
+  from fedjax_inv import executor, experiment
   stream = sys.stdout if stream is None else stream
   algorithms, seeds = _check_args(task_name, algorithms, seeds, rounds, eval_every,
                                   task_kwargs, execution, replicas, validation)
-  task_kwargs = dict(task_kwargs or {})
-  split_seed = int(task_kwargs.pop("seed", 0))
-  first, domains, wanted = _domains(task_name, task_kwargs, split_seed, holdouts)
-  rounds = int(rounds or first.defaults.get("rounds", 100))
-  eval_every = eval_every or first.defaults.get("eval_every")
-  cohort = clients_per_round or first.train.num_clients
-  if not 1 <= cohort <= first.train.num_clients:
-    raise ValueError(f"clients_per_round={clients_per_round}; the task has "
-                     f"{first.train.num_clients} training clients per held-out domain.")
-  from fedjax_inv.algorithms import make_algorithm
-  built = {a: make_algorithm(a, **_algorithm_kwargs(a, first, algorithm_kwargs,
-                                                     algorithms))
-           for a in algorithms}
-  pl = types.SimpleNamespace(
-      task_name=task_name, task_kwargs=task_kwargs, split_seed=split_seed, resplit=resplit,
-      first=first, wanted=wanted, seeds=seeds, algorithms=algorithms, built=built,
-      run_kw=dict(rounds=rounds, clients_per_round=cohort, execution=execution,
-                  eval_every=eval_every, progress=progress),
-      validation=validation, progress=progress, stream=stream, runs=[], task_info={})
+  if not (isinstance(holdouts, str) and holdouts == "all"):
+    holdouts = ([holdouts] if isinstance(holdouts, (str, int, np.integer))
+                else list(holdouts))
+  overrides = {}
+  for k, v in dict(algorithm_kwargs or {}).items():
+    if k in algorithms and isinstance(v, dict):  # {'fedprox': {'mu': 0.1}}: scoped
+      overrides.update({f"{k}.{n}": x for n, x in v.items()})
+    else:
+      overrides[k] = v
+  cfg = {"task": task_name, "algorithm": ",".join(algorithms), "rounds": rounds,
+         "holdout": "all" if holdouts == "all" else ",".join(map(str, holdouts)),
+         "execution": execution, "eval_every": eval_every,
+         "clients_per_round": clients_per_round, "validation": validation,
+         "replicas": replicas, "seed": seeds[0]}
   t0 = time.perf_counter()
-  import jax
-  batched = replicas == "batched" or (replicas == "auto" and jax.default_backend() != "cpu")
-  batched = batched and _run_batched(pl)
-  if not batched:
-    _run_sequential(pl)
-  result = {"task": task_name, "domains": domains, "holdouts": wanted,
-            "algorithms": algorithms, "seeds": seeds, "rounds": rounds,
-            "eval_every": eval_every, "clients_per_round": cohort,
-            "validation": validation, "replicas": "batched" if batched else "sequential",
-            "split_seed": None if resplit else split_seed, "resplit": bool(resplit),
-            "task_kwargs": task_kwargs, "selections": list(SELECTIONS),
-            "runs": pl.runs, "task_info": pl.task_info,
-            "seconds": round(time.perf_counter() - t0, 2)}
-  result["table"] = lodo_table(result)
+  # the data split seed is task_kwargs['seed'] (default 0), not the first training seed
+  task_kwargs = {"seed": 0, **(task_kwargs or {})}
+  pl = experiment.plan_experiment(cfg, overrides, task_kwargs=task_kwargs, seeds=seeds,
+                                  resplit=resplit, holdouts=holdouts)
+  rec = executor.Recorder(pl, None, stream)
+  executor.execute(pl, None, {}, rec, progress, stream)
+  bad = [r for r in rec.runs if r.get("status") == "diverged"]
+  if bad:
+    raise RuntimeError(f"{len(bad)} run(s) diverged, e.g. {bad[0]['algorithm']} seed "
+                       f"{bad[0]['seed']} holdout {bad[0]['holdout']}: "
+                       f"{bad[0]['error']}")
+  result = result_from_runs(pl, rec.runs)
+  result["seconds"] = round(time.perf_counter() - t0, 2)
   return result
 
 
@@ -172,132 +161,6 @@ def _check_args(task_name, algorithms, seeds, rounds, eval_every, task_kwargs, e
   if replicas not in ("auto", "batched", "sequential"):
     raise ValueError(f"replicas={replicas!r}; choose 'auto', 'batched' or 'sequential'.")
   return algorithms, [int(s) for s in seeds]
-
-
-def _domains(task_name, task_kwargs, split_seed, holdouts):
-  """Builds the first task (checks the task and its kwargs) and resolves ``holdouts``.
-
-  Returns:
-    ``(first task, all domain names, the held-out domain names to run, in order)``.
-
-  Raises:
-    ValueError: not a domain task, a regression task, no 'val' / 'ood' set, an unknown
-      or repeated held-out domain, an empty list.
-  """
-  from fedjax_inv.tasks import make_task
-  first = make_task(task_name, seed=split_seed, **task_kwargs)
-  domains = first.info.get("domains")
-  if not domains or "holdout" not in first.info:
-    raise ValueError(f"task {task_name!r} is not a domain task (its info has no 'domains' "
-                     "/ 'holdout'); leave-one-domain-out needs one.")
-  domains = [str(d) for d in domains]
-  if first.kind == "regression":
-    raise ValueError(f"task {task_name!r} is a regression task; LODO selects by accuracy.")
-  for s in ("val", "ood"):
-    if s not in first.eval_sets:
-      raise ValueError(f"task {task_name!r} has no {s!r} evaluation set (it has "
-                       f"{sorted(first.eval_sets)}); the LODO contract needs 'val' and "
-                       "'ood' (val_fraction > 0).")
-  if isinstance(holdouts, str) and holdouts == "all":
-    return first, domains, list(domains)
-  items = [holdouts] if isinstance(holdouts, (str, int, np.integer)) else list(holdouts)
-  if not items:
-    raise ValueError("holdouts is empty; pass 'all' or at least one domain.")
-  wanted = [_domain_name(h, domains) for h in items]
-  if len(set(wanted)) != len(wanted):
-    raise ValueError(f"holdouts {items} name a domain twice.")
-  return first, domains, wanted
-
-
-def _task_for(pl, h: str, seed: int, cache: dict):
-  """The task with held-out domain ``h`` (data split ``seed``), from ``cache`` or built;
-  refuses a builder that reports another holdout; records its info."""
-  from fedjax_inv.tasks import make_task
-  key = (h, seed)
-  if key not in cache:
-    cache[key] = make_task(pl.task_name, holdout=h, seed=seed, **pl.task_kwargs)
-  task = cache[key]
-  if task.info["holdout"] != h:
-    raise RuntimeError(f"task {pl.task_name!r} built with holdout={h!r} reports holdout "
-                       f"{task.info['holdout']!r}; its builder breaks the contract.")
-  pl.task_info.setdefault(h, task.info)
-  return task
-
-
-def _record(pl, h, a, s, res) -> None:
-  sel = select_rounds(res.history, validation=pl.validation)
-  pl.runs.append({"holdout": h, "algorithm": a, "seed": s, "selected": sel,
-                  "final": res.final, "history": res.history,
-                  "hparams": pl.built[a].hparams, "execution": res.strategy,
-                  "seconds": round(res.seconds, 2)})
-  if pl.progress:
-    v = sel[SELECTIONS[0]]
-    print(f"  holdout {h:>14s}  {a:16s} seed {s}: ood acc (val-selected, round "
-          f"{v['round']}) {v['ood_accuracy']:.3f}  oracle "
-          f"{sel[SELECTIONS[1]]['ood_accuracy']:.3f}  last "
-          f"{sel[SELECTIONS[2]]['ood_accuracy']:.3f}  ({res.seconds:.1f}s)",
-          file=pl.stream)
-
-
-def _run_batched(pl) -> bool:
-  """Every (held-out domain, seed) of an algorithm as ONE vmapped program
-  (``replicas.run_replicas(tasks=...)``); False (nothing run, the reason printed) when
-  the domains' data shapes differ."""
-  from fedjax_inv.replicas import check_same_shapes, run_replicas
-  from fedjax_inv.simulation import DivergedError
-  pairs = [(h, s) for h in pl.wanted for s in pl.seeds]
-  cache = {(str(pl.first.info["holdout"]), pl.split_seed): pl.first}
-  split = lambda s: s if pl.resplit else pl.split_seed  # noqa: E731
-  try:
-    check_same_shapes([_task_for(pl, h, split(s), cache) for h, s in pairs])
-  except ValueError as e:
-    pl.task_info.clear()
-    print(f"  --replicas batched: running one held-out domain at a time ({e})",
-          file=pl.stream)
-    return False
-  tasks = [cache[(h, split(s))] for h, s in pairs]
-  for a in pl.algorithms:
-    print(f"  {a}: {len(pairs)} (held-out domain, seed) runs batched as one program "
-          "(--replicas batched)", file=pl.stream)
-    results = run_replicas(None, pl.built[a], seeds=[s for _, s in pairs], tasks=tasks,
-                           **pl.run_kw)
-    for (h, s), res in zip(pairs, results):
-      if isinstance(res, DivergedError):
-        raise res
-      _record(pl, h, a, s, res)
-  return True
-
-
-def _run_sequential(pl) -> None:
-  """One run after another, one task in memory at a time (image tasks are large)."""
-  from fedjax_inv.simulation import run
-  cache = {(str(pl.first.info["holdout"]), pl.split_seed): pl.first}
-  for h in pl.wanted:
-    for s in pl.seeds:
-      key = (h, s if pl.resplit else pl.split_seed)
-      if key not in cache:
-        cache.clear()  # keep one task in memory
-      task = _task_for(pl, h, key[1], cache)
-      for a in pl.algorithms:
-        _record(pl, h, a, s, run(task, pl.built[a], seed=s, **pl.run_kw))
-
-
-def _domain_name(h, domains: list) -> str:
-  if isinstance(h, (int, np.integer)) and not isinstance(h, bool):
-    if not 0 <= int(h) < len(domains):
-      raise ValueError(f"holdout index {h} out of range; domains are {domains} "
-                       f"(indices 0..{len(domains) - 1}).")
-    return domains[int(h)]
-  if isinstance(h, str):
-    if h in domains:
-      return h
-    low = [d.lower() for d in domains]
-    if h.lower() in low:
-      return domains[low.index(h.lower())]
-    if h.isdigit():
-      return _domain_name(int(h), domains)
-  raise ValueError(f"unknown holdout domain {h!r}; domains are {domains} (names or "
-                   "indices).")
 
 
 def write_lodo_outputs(out_dir, result: dict) -> pathlib.Path:

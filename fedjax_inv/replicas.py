@@ -118,9 +118,10 @@ def run_replicas(task, algorithm, *, seeds, rounds: int,
   distinct = [(s, id(t)) for s, t in zip(seeds, tasks or [None] * len(seeds))]
   if hparams is not None:
     _check_hparams(algorithm, seeds, hparams)
-    keys_ = [(s, tuple(sorted(h.items()))) for s, h in zip(seeds, hparams)]
+    keys_ = [(s, tuple(sorted(h.items())), t) for (s, t), h in zip(distinct, hparams)]
     if len(set(keys_)) != len(keys_):
-      raise ValueError(f"replicas {keys_}: a (seed, hyperparameters) pair is repeated.")
+      raise ValueError(f"replicas {[k[:2] for k in keys_]}: a (seed, hyperparameters) "
+                       "pair is repeated (on the same task).")
   elif not seeds or len(set(distinct)) != len(distinct):
     raise ValueError(f"seeds={seeds}; give one or more distinct integer seeds (per task).")
   simulation.check_checkpoint_every(checkpoint_every)

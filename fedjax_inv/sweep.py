@@ -1,4 +1,5 @@
-"""Hyperparameter sweeps: a grid of settings × seeds, batched as one program when the
+"""Hyperparameter sweeps from Python (:func:`run_sweep`, a front end over the planner and
+executor of ``fedjax-inv run``): a grid of settings × seeds, batched as one program when the
 swept values can be traced (issue 13).
 
 A research table is seeds × settings. ``fedjax-inv run --sweep client_lr=0.1,0.03
@@ -24,182 +25,14 @@ FedAdam multiplies the rate at another point of its formula).
 """
 from __future__ import annotations
 
-import dataclasses
-import itertools
-import json
-from typing import Callable
+# The grid's grammar and batching plan live in grid.py (the planner and executor read
+# them); re-exported here, where users look for them.
+from fedjax_inv.grid import (PLACEHOLDER, Plan, label, parse_sweep, plan,  # noqa: F401
+                             points, replica_hparams, spec_for)
+from fedjax_inv.algorithms.schema import canonical
 
-from fedjax_inv.core.aggregator import traced_names
-from fedjax_inv.core.algorithm import ENGINE_TRACED, Algorithm
-
-ALIASES = {"lr": "client_lr"}  # the run flag --lr is the client learning rate
-PLACEHOLDER = 1.0  # value a traced name is built with (overridden by the traced one)
-
-
-def _parse_values(name: str, text: str) -> list:
-  vals = []
-  for part in text.split(","):
-    part = part.strip()
-    if not part:
-      raise ValueError(f"--sweep {name}={text!r}: an empty value; give comma-separated "
-                       "values, e.g. --sweep client_lr=0.1,0.03.")
-    try:
-      vals.append(json.loads(part))
-    except json.JSONDecodeError:
-      vals.append(part)
-  return vals
-
-
-def parse_sweep(items) -> dict:
-  """Parses sweep settings into ``{scope: {name: [values]}}``.
-
-  Args:
-    items: a list of ``"NAME=V1,V2,..."`` or ``"ALGORITHM.NAME=V1,..."`` strings (the
-      ``--sweep`` flag, repeatable), or a dict ``{NAME: [values]}`` (config file).
-      ``lr`` means ``client_lr``.
-
-  Returns:
-    ``{None: {name: values}}`` for unscoped names (every algorithm) plus
-    ``{algorithm: {name: values}}`` for scoped ones; each value list has >= 1 distinct
-    entries.
-
-  Raises:
-    ValueError: a malformed item, an empty or repeated value, a name given twice.
-  """
-  if isinstance(items, dict):
-    items = [f"{k}=" + ",".join(json.dumps(v) if not isinstance(v, str) else v
-                                for v in (vs if isinstance(vs, (list, tuple)) else [vs]))
-             for k, vs in items.items()]
-  if isinstance(items, str):
-    items = [items]
-  out: dict = {}
-  for item in items or []:
-    if not isinstance(item, str) or "=" not in item:
-      raise ValueError(f"--sweep {item!r}: expected NAME=V1,V2 (e.g. client_lr=0.1,0.03) "
-                       "or ALGORITHM.NAME=V1,V2.")
-    name, text = (t.strip() for t in item.split("=", 1))
-    scope = None
-    if "." in name:
-      scope, name = (t.strip() for t in name.rsplit(".", 1))
-    name = ALIASES.get(name, name)
-    if not name or (scope is not None and not scope):
-      raise ValueError(f"--sweep {item!r}: expected NAME=V1,V2 or ALGORITHM.NAME=V1,V2.")
-    vals = _parse_values(name, text)
-    if len({json.dumps(v) for v in vals}) != len(vals):
-      raise ValueError(f"--sweep {item!r}: a value is repeated.")
-    d = out.setdefault(scope, {})
-    if name in d:
-      raise ValueError(f"--sweep {name}: given twice; put all values in one "
-                       f"--sweep {name}=V1,V2,...")
-    d[name] = vals
-  return out
-
-
-def spec_for(parsed: dict, algorithm: str) -> dict:
-  """The ``{name: values}`` grid of ``algorithm``: unscoped names plus its scoped ones."""
-  spec = dict(parsed.get(None, {}))
-  for k, v in parsed.get(algorithm, {}).items():
-    if k in spec:
-      raise ValueError(f"--sweep {k} and --sweep {algorithm}.{k}: give one of them.")
-    spec[k] = v
-  return spec
-
-
-def points(spec: dict) -> list:
-  """The grid's points, ``[{name: value}, ...]``: the cartesian product in the order
-  given (the last name varies fastest); ``[{}]`` for an empty spec."""
-  names = list(spec)
-  return [dict(zip(names, combo)) for combo in itertools.product(*(spec[n] for n in names))]
-
-
-def _fmt(v) -> str:
-  return f"{v:g}" if isinstance(v, float) else str(v)
-
-
-def label(algorithm: str, point: dict) -> str:
-  """``'fedprox@client_lr=0.1,mu=0.01'`` (the algorithm itself for an empty point); also
-  the run's folder name."""
-  if not point:
-    return algorithm
-  return algorithm + "@" + ",".join(f"{k}={_fmt(v)}" for k, v in point.items())
-
-
-@dataclasses.dataclass
-class Plan:
-  """How a sweep of one algorithm runs.
-
-  Attributes:
-    algorithm: the registered name.
-    points: the grid points ``[{name: value}]``.
-    concrete: the algorithm built at every point (validated; its ``hparams`` are what
-      each run records).
-    batched: whether the points can run as one program.
-    structure: the algorithm the batched program is built from (traced names at the
-      placeholder), or None.
-    traced: the traced names, in order.
-    reason: why the points run one after another ('' when batched).
-  """
-  algorithm: str
-  points: list
-  concrete: list
-  batched: bool
-  structure: Algorithm | None
-  traced: tuple
-  reason: str
-
-
-def plan(algorithm: str, make: Callable[[dict], Algorithm], pts: list) -> Plan:
-  """Builds every point (so a bad value fails before anything compiles) and decides
-  whether the points can run batched.
-
-  Args:
-    algorithm: registered name.
-    make: ``make(point) -> Algorithm`` (the task's settings, the user's overrides, the
-      point).
-    pts: :func:`points` of the spec.
-
-  Returns:
-    a :class:`Plan`.
-
-  Raises:
-    ValueError: a point the algorithm refuses (names the point).
-  """
-  concrete = []
-  for p in pts:
-    try:
-      concrete.append(make(p))
-    except ValueError as e:
-      raise ValueError(f"--sweep point {label(algorithm, p)}: {e}") from None
-  names = tuple(pts[0]) if pts else ()
-  if not names:
-    return Plan(algorithm, pts, concrete, False, None, (), "no sweep")
-  first = concrete[0]  # which names are traceable is a property of the structure
-  readable = (set(ENGINE_TRACED) | {n for c in first.components for n in c.traced}
-              | set(traced_names(first.aggregator)))
-  untraced = [k for k in names if k not in readable]
-  reason, structure = "", None
-  if untraced:
-    reason = (f"{', '.join(untraced)} {'is' if len(untraced) == 1 else 'are'} not traced "
-              f"by {algorithm} (traceable: {', '.join(sorted(readable))})")
-  else:
-    structure = make({k: PLACEHOLDER for k in names})
-    ref = {k: v for k, v in structure.hparams.items() if k not in names}
-    for p, alg in zip(pts, concrete):
-      other = {k: v for k, v in alg.hparams.items() if k not in names}
-      changed = sorted(k for k in set(ref) | set(other) if ref.get(k) != other.get(k))
-      if changed or [c.name for c in alg.components] != [c.name for c in structure.components]:
-        reason = (f"point {label(algorithm, p)} also changes {changed or 'the components'}"
-                  " (the program's structure)")
-        break
-  return Plan(algorithm, pts, concrete, not reason, None if reason else structure,
-              names, reason)
-
-
-def replica_hparams(pl: Plan, pairs) -> tuple:
-  """``(seeds, hparams)`` per replica of a batched plan, one per ``(point, seed)`` of
-  ``pairs`` (the grid's point dicts; shared by :func:`run_sweep` and ``fedjax-inv run``)."""
-  return ([int(s) for _, s in pairs],
-          [{k: float(p[k]) for k in pl.traced} for p, _ in pairs])
+__all__ = ["run_sweep", "PLACEHOLDER", "Plan", "label", "parse_sweep", "plan", "points",
+           "replica_hparams", "spec_for"]
 
 
 def run_sweep(task, algorithm: str, spec: dict, *, seeds, rounds: int,
@@ -226,12 +59,11 @@ def run_sweep(task, algorithm: str, spec: dict, *, seeds, rounds: int,
   Raises:
     ValueError: a bad spec or point (before any compile).
   """
-  import jax
+  import io
+  import sys
 
-  from fedjax_inv.algorithms import make_algorithm
-  from fedjax_inv import simulation
-  from fedjax_inv.replicas import run_replicas
-  spec = {ALIASES.get(k, k): (list(v) if isinstance(v, (list, tuple)) else [v])
+  from fedjax_inv import executor, experiment
+  spec = {canonical(k): (list(v) if isinstance(v, (list, tuple)) else [v])
           for k, v in spec.items()}
   if replicas not in ("auto", "batched", "sequential"):
     raise ValueError(f"replicas={replicas!r}; choose auto, batched or sequential.")
@@ -239,29 +71,24 @@ def run_sweep(task, algorithm: str, spec: dict, *, seeds, rounds: int,
   clash = sorted(set(spec) & set(overrides))
   if clash:
     raise ValueError(f"{clash} both swept and fixed; give each name once.")
-  pts = points(spec)
-  pl = plan(algorithm, lambda p: make_algorithm(
-      algorithm, **task.algorithm_settings(algorithm, {**overrides, **p})), pts)
+  progress = run_kw.pop("progress", True)
+  reporting = run_kw.pop("reporting", "auto")
+  unknown = sorted(set(run_kw) - {"clients_per_round", "execution", "eval_every",
+                                  "chunk_size", "rounds_per_call"})
+  if unknown:
+    raise TypeError(f"run_sweep got unknown keyword arguments {unknown}.")
   seeds = [int(s) for s in seeds]
-  want = replicas == "batched" or (replicas == "auto" and jax.default_backend() != "cpu")
-  out = []
-  if pl.batched and want and len(pts) * len(seeds) > 1:
-    rs, hs = replica_hparams(pl, [(p, s) for p in pl.points for s in seeds])
-    results = run_replicas(task, pl.structure, seeds=rs, hparams=hs, rounds=rounds,
-                           **run_kw)
-    for i, res in enumerate(results):
-      p = pl.points[i // len(seeds)]
-      out.append(dict(point=p, seed=rs[i], label=label(algorithm, p),
-                      hparams=pl.concrete[i // len(seeds)].hparams, result=res,
-                      batched=True))
-    return out
-  for p, alg in zip(pl.points, pl.concrete):
-    for s in seeds:
-      try:
-        res = simulation.run(task, alg, seed=s, rounds=rounds, **run_kw)
-      except simulation.DivergedError as e:
-        res = e
-      out.append(dict(point=p, seed=s, label=label(algorithm, p), hparams=alg.hparams,
-                      result=res, batched=False))
-  return out
+  cfg = {"task": task.name, "algorithm": algorithm, "rounds": rounds, "seed": seeds[0],
+         "replicas": replicas, "sweep": {k: list(v) for k, v in spec.items()}, **run_kw}
+  stream = sys.stdout if progress else io.StringIO()
+  # the planner and executor of `fedjax-inv run`, on this Task object, nothing written
+  pl = experiment.plan_experiment(cfg, {f"{algorithm}.{k}": v for k, v in overrides.items()},
+                                  seeds=seeds, task=task, reporting=reporting)
+  rec = executor.Recorder(pl, None, stream)
+  executor.execute(pl, None, {}, rec, progress, stream)
+  plan_ = pl.plans[algorithm]
+  return [dict(point=p, seed=s, label=lab, hparams=pl.built[lab].hparams,
+               result=rec.results[(lab, s, None)],
+               batched=rec.batched[(lab, s, None)])
+          for p, lab in zip(plan_.points, pl.labels[algorithm]) for s in seeds]
 

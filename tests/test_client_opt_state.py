@@ -276,8 +276,8 @@ def test_defaults_fedsr_family_persistent_others_restart():
 
 @pytest.mark.parametrize("name", ["fedavg", "fedsr", "geometric", "fedcurv_shoham"])
 def test_bad_value_raises_naming_it(name):
-  with pytest.raises(ValueError, match=r"client_optimizer_state='sticky'.*'restart', "
-                                       r"'persistent'"):
+  with pytest.raises(ValueError, match=r"client_optimizer_state='sticky' \(" + name
+                     + r"\): must be one of restart, persistent"):
     make_algorithm(name, client_optimizer_state="sticky")
 
 

@@ -243,7 +243,7 @@ def test_registry_names_and_hparams():
     ("fedgma", dict(base="fedfoo"), "unknown base"),
     ("fedgma", dict(base="fedgma"), "unknown base"),
     ("and_mask", dict(base="and_mask"), "unknown base"),
-    ("fedgma", dict(base=3), "unknown base"),
+    ("fedgma", dict(base=3), "base=3 \\(fedgma\\): must be a string"),
     ("fedgma", dict(tau=1.5), "tau"),
     ("fedgma", dict(tau=-0.1), "tau"),
     ("fedgma", dict(tau=float("nan")), "tau"),

@@ -469,6 +469,19 @@ def test_defaults_and_hparams():
   assert make_algorithm("fedcmi").hparams["alpha_l2r"] == 0.0
 
 
+def test_local_reference_updates_client_state_without_a_message(tiny_multiclass):
+  """Issue 22: r_mode='local' updates each client's r and sends nothing (a message of
+  None, no aggregator), instead of an empty message through a 'none' aggregator."""
+  c = fedsr_component(alpha_l2r=0.0, alpha_cmi=0.1, r_mode="local")
+  assert c.aggregator is None and c.message is not None
+  p = fedsr_model(tiny_multiclass.model, z_dim=Z).init(0)
+  moved = jax.tree.map(lambda a: a + 1.0, p)
+  ctx = _ctx(p, client_ref=c.init_client(p))
+  msg, r_new = c.message(None, "multiclass", p, moved, None, ctx, None)
+  assert msg is None
+  chex.assert_trees_all_close(r_new, jax.tree.map(lambda a: a + 1.0, p["reference"]))
+
+
 def test_adamw_does_not_decay_the_local_reference():
   """Local r with AdamW: decoupled decay would act on the offset, so it is masked out."""
   alg = make_algorithm("fedsr", z_dim=Z, client_optimizer="adam", weight_decay=0.1,

@@ -3,7 +3,9 @@
 # rounds, lr 1e-3, momentum 0.9 kept across rounds, wd 5e-4, E = 5 steps of 64, uniform
 # mean, 3 seeds), one `fedjax-inv run --holdout D` per (algorithm, held-out domain), each
 # into its own folder OUT/<alg>/h<D>/. A folder that already holds summary.json is
-# skipped, so a killed job continues where it stopped (per domain). Table:
+# skipped, and a domain killed mid-way continues with `fedjax-inv run --resume` (its finished
+# seeds kept, the current one from its last checkpoint: CHECKPOINT_EVERY=25 rounds by
+# default), so a killed job continues where it stopped. Table:
 #   python experiments/fedsr/table.py OUT          (reads OUT/<alg>/h*/summary.json too)
 # Usage:  experiments/fedsr/run_cpu.sh OUT [ALG ...]   (default ALGS: fedavg fedsr)
 # Environment: as run_full.sh (ROUNDS, LR, WD, SEEDS, EVAL_EVERY, ALPHA_L2R, ALPHA_CMI,
@@ -20,7 +22,14 @@ for d in $DOMAINS; do
     if [ -f "$dir/summary.json" ]; then
       echo "skip $dir (done)"; continue
     fi
-    ALGS=$alg HOLDOUT=$d experiments/fedsr/run_full.sh "$dir.tmp" > /dev/null 2>&1 || true
+    if [ -f "$dir.tmp/$alg/config.json" ]; then  # an earlier attempt: resume it
+      echo "resume $dir"
+      "${PY:-.venv/bin/python}" -m fedjax_inv.cli run --resume "$dir.tmp/$alg" \
+        >> "$dir.tmp/$alg.log" 2>&1 || true
+    else
+      CHECKPOINT_EVERY=${CHECKPOINT_EVERY:-25} ALGS=$alg HOLDOUT=$d \
+        experiments/fedsr/run_full.sh "$dir.tmp" > /dev/null 2>&1 || true
+    fi
     if [ -f "$dir.tmp/$alg/summary.json" ]; then
       mkdir -p "$(dirname "$dir")"
       mv "$dir.tmp/$alg" "$dir" && mv "$dir.tmp/$alg.log" "$dir/run.log" && rm -rf "$dir.tmp"

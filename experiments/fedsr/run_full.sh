@@ -17,6 +17,8 @@
 #   MOMENTUM=persistent  client momentum kept across rounds for every method (the official
 #                   code creates each client's optimizer once); MOMENTUM=restart = the H100
 #                   tables in README.md (measured before issue 21)
+#   CHECKPOINT_EVERY=   save each run's state every N rounds (--checkpoint-every; off by
+#                   default) so that `fedjax-inv run --resume OUT_DIR/<alg>` continues it
 #   PY=.venv/bin/python
 # Tiny end-to-end check on CPU:  ROUNDS=2 SEEDS=1 HOLDOUT=0 experiments/fedsr/run_full.sh /tmp/x
 set -euo pipefail
@@ -45,7 +47,8 @@ for alg in $ALGS; do
   cmd=("$PY" -m fedjax_inv.cli run --task rotated_mnist --holdout "$HOLDOUT" --seeds "$SEEDS"
        --algorithm "$alg" --rounds "$ROUNDS" --eval-every "$EVAL_EVERY" --local-steps 5
        --batch-size 64 --client-optimizer momentum --lr "$LR" --hp weight_decay="$WD"
-       --hp weighting=uniform --hp client_optimizer_state="$MOMENTUM" "${hp[@]}" \
+       --hp weighting=uniform --hp client_optimizer_state="$MOMENTUM" "${hp[@]}"
+       ${CHECKPOINT_EVERY:+--checkpoint-every "$CHECKPOINT_EVERY"} \
        --out "$OUT/$alg")
   # (no --no-progress: the bar hides itself in a log, and each finished run prints a line)
   echo "+ ${cmd[*]}" | tee "$OUT/$alg.log"

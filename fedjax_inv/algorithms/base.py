@@ -23,9 +23,9 @@ from fedjax_inv import aggregators as aggs
 from fedjax_inv.core.algorithm import Algorithm
 # The registry is core's (the tasks read it); re-exported here for the factories.
 from fedjax_inv.core.algorithm import Entry, register, registry  # noqa: F401
+from fedjax_inv.algorithms.schema import (CLIENT_OPTIMIZERS, SERVER_OPTIMIZERS,
+                                          check_values)
 
-CLIENT_OPTIMIZERS = ("sgd", "momentum", "adam")
-SERVER_OPTIMIZERS = ("sgd", "momentum", "adagrad", "adam", "yogi")
 AGGREGATORS = ("mean", "geometric", "gma", "and_mask")
 
 
@@ -41,8 +41,10 @@ FEDSGD_FIXED = FEDSGD_CLIENT_RECIPE + ("weight_decay",)
 def make_algorithm(name: str, **hparams) -> Algorithm:
   """Builds the registered algorithm ``name`` with keyword hyperparameters.
 
-  Every registered algorithm accepts the common ``client_optimizer_state='restart' |
-  'persistent'`` (``Algorithm.client_optimizer_state``) and records it in ``hparams``.
+  Every value is checked against the hyperparameter schema first
+  (``algorithms/schema.py``: kind and range; ``lr`` is ``client_lr``). Every registered
+  algorithm accepts the common ``client_optimizer_state='restart' | 'persistent'``
+  (``Algorithm.client_optimizer_state``) and records it in ``hparams``.
 
   Raises:
     ValueError: unknown name (lists the available ones) or a bad hyperparameter.
@@ -51,7 +53,7 @@ def make_algorithm(name: str, **hparams) -> Algorithm:
   if name not in entries:
     raise ValueError(f"unknown algorithm {name!r}; available: {sorted(entries)}. "
                      "Run `fedjax-inv list` to see them with their papers.")
-  return entries[name].factory(**hparams)
+  return entries[name].factory(**check_values(hparams, algorithm=name))
 
 
 def client_optimizer(name: str, lr: float, weight_decay: float = 0.0,

@@ -11,7 +11,6 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_inv import penalties
-from fedjax_inv.aggregators import Aggregator
 from fedjax_inv.algorithms.base import build, register
 from fedjax_inv.algorithms.fedsr_model import (REFERENCE, fedsr_model, gaussian_params,
                                                mc_predict_logits)
@@ -111,15 +110,14 @@ def fedsr_component(alpha_l2r: float = 1e-2, alpha_cmi: float = 5e-4,
     def message(model, kind, params0, params, data, ctx, key):
       r_new = jax.tree.map(lambda r, p, p0: r + (p - p0), ctx.client[NAME],
                            params[REFERENCE], params0[REFERENCE])
-      return (), r_new
+      return None, r_new  # no message: only the client's state changes
 
     def keep_reference(pseudo_grad, state, messages, ctx):  # stateless server stage
       return {**pseudo_grad, REFERENCE: jax.tree.map(jnp.zeros_like,
                                                      pseudo_grad[REFERENCE])}, state
 
     hooks.update(init_client=init_client, message=message,
-                 server_stage=server_stage(keep_reference),
-                 aggregator=Aggregator(lambda m, w: (), lambda s: None, "none"))
+                 server_stage=server_stage(keep_reference))
     if weight_decay > 0 and client_optimizer in ("sgd", "momentum"):
       # Coupled decay adds wd·θ_ref; the client's r is θ_ref + (r_k − θ_ref,t), so add
       # the constant wd·(r_k − θ_ref,t) to decay r_k itself.

@@ -125,6 +125,8 @@ class Component:
     message(model, kind, params0, params, data, ctx, key) -> (message, new_client_state):
       extra message after local training, and the client's new persistent state (return
       ``ctx.client[name]`` when unchanged, or None if the component has no client state).
+      A message of None sends nothing (no aggregator): the hook only updates the
+      client's state (FedSR's local reference distribution).
     aggregator: Aggregator for ``message`` (default weighted mean).
     server_stage: an optax ``GradientTransformationExtraArgs`` (build one with
       :func:`server_stage`): the component's element of the server chain, before the

@@ -507,7 +507,8 @@ def round_parts(model, kind: str, algorithm: Algorithm, num_clients: int,
     new_cs = dict(cs)
     for c in msg_comps:
       msg, ncs = c.message(model, kind, server.params, params, (x, y, n), ctx, k_msg)
-      stats[c.name] = (c.aggregator or mean_agg).lift(msg, w)
+      if msg is not None:  # None: the hook only updates the client's state (FedSR's r)
+        stats[c.name] = (c.aggregator or mean_agg).lift(msg, w)
       if c.name in cs:
         new_cs[c.name] = ncs
     if persistent:  # the client keeps its optimizer state for its next round
@@ -522,7 +523,7 @@ def round_parts(model, kind: str, algorithm: Algorithm, num_clients: int,
     else:
       pseudo_grad = algorithm.aggregator.finalize(sums["__main__"])
     messages = {c.name: (c.aggregator or mean_agg).finalize(sums[c.name])
-                for c in msg_comps}
+                for c in msg_comps if c.name in sums}
     # The server chain (components' stages, then the server optimizer): every element
     # sees the aggregated client messages and the context (optax extra args).
     updates, opt_state = chain.update(pseudo_grad, server.opt_state, server.params,

@@ -38,7 +38,8 @@ import numpy as np
 
 from fedjax_inv import outputs
 
-__all__ = ["SELECTIONS", "format_lodo_markdown", "lodo_csv", "lodo_table", "select_rounds"]
+__all__ = ["SELECTIONS", "format_lodo_markdown", "lodo_csv", "lodo_table", "result_from_runs",
+           "select_rounds"]
 
 SELECTIONS = ("training-domain validation", "test-domain oracle", "last")
 VALIDATIONS = ("mean", "pooled")
@@ -171,3 +172,35 @@ def lodo_csv(result: dict) -> str:
         rec[f"{c}_std"] = f"{row['cells'][c]['std']:.6f}"
     w.writerow(rec)
   return buf.getvalue()
+
+
+def result_from_runs(pl, runs) -> dict:
+  """The leave-one-domain-out result of a plan's finished runs (the executor's run
+  dicts, ``lodo_selected`` among their keys): ``task``, ``domains``, ``holdouts``,
+  ``algorithms`` (run labels), ``seeds``, ``rounds``, ``eval_every``,
+  ``clients_per_round``, ``validation``, ``replicas``, ``split_seed``, ``resplit``,
+  ``task_kwargs``, ``selections``, ``runs`` (``holdout``, ``algorithm``, ``seed``,
+  ``selected`` = :func:`select_rounds`, ``final``, ``history``, ``hparams``,
+  ``execution``, ``seconds``), ``task_info`` (holdout → ``Task.info``), ``table``
+  (:func:`lodo_table`). Diverged runs are left out (the executor records them)."""
+  ok = [r for r in runs if r.get("status", "ok") == "ok"]
+  keep = ("holdout", "algorithm", "seed", "final", "history", "hparams", "execution",
+          "seconds")
+  result = {"task": pl.task.name, "domains": pl.domains, "holdouts": list(pl.holdouts),
+            "algorithms": list(pl.names), "seeds": list(pl.seeds), "rounds": pl.rounds,
+            "eval_every": pl.eval_every, "clients_per_round": pl.cohort,
+            "validation": pl.validation,
+            "replicas": "batched" if pl.ran_batched else "sequential",
+            "split_seed": None if pl.resplit else pl.split_seed,
+            "resplit": bool(pl.resplit),
+            "task_kwargs": dict(pl.task_kwargs),
+            "selections": list(SELECTIONS),
+            "runs": [{**{k: r.get(k) for k in keep}, "selected": r["lodo_selected"]}
+                     for r in ok],
+            "task_info": {}}
+  for h in pl.holdouts:
+    r = next((r for r in ok if r["holdout"] == h), None)
+    if r is not None:
+      result["task_info"][h] = r.get("data")
+  result["table"] = lodo_table(result)
+  return result
