@@ -413,8 +413,9 @@ def _check_seeds(seeds) -> list:
 
 def _plan_task(cfg: dict, task_kwargs: dict, split_seed: int, holdouts=None):
   """``(first task, domains, holdouts)``: without ``--holdout`` the task, ``None`` and
-  ``[None]``; with it the task of the first held-out domain, every domain name and the
-  held-out domains to run (``fedjax_inv.lodo.resolve_holdouts``: a domain task with 'val'
+  ``[None]``; with it the task built with its default held-out domain (the defaults and
+  shapes every domain shares; ``executor.task_for`` builds each domain's), every domain
+  name and the held-out domains to run (:func:`resolve_holdouts`: a domain task with 'val'
   and 'ood' sets; names or indices, 'all')."""
   from fedjax_inv.tasks import make_task
   if holdouts is None and not cfg.get("holdout"):
