@@ -53,20 +53,21 @@ def _mb(b) -> float | None:
 
 
 def _shape_kw() -> dict:
-  """``feature_shape=`` for ``build_round`` when the engine accepts it (its 'auto' then
-  inspects the model)."""
+  """``feature_shape=`` and ``n_max=`` for ``build_round`` when the engine accepts them
+  (its 'auto' then inspects the model and the memory, as in a real run)."""
   import inspect
   from fedjax_inv.core import engine
-  if "feature_shape" in inspect.signature(engine.build_round).parameters:
-    return dict(feature_shape=FEATURE_SHAPE)
+  if "n_max" in inspect.signature(engine.build_round).parameters:
+    return dict(feature_shape=FEATURE_SHAPE, n_max=EXAMPLES_PER_CLIENT)
   return {}
 
 
-def _resolve_auto(model, kind, algorithm, C) -> str:
-  """The strategy ``execution='auto'`` resolves to for this model and cohort."""
+def _resolve_auto(model, kind, algorithm, C) -> tuple[str, int | None]:
+  """``(strategy, chunk size or None)`` that ``execution='auto'`` resolves to for this
+  model and cohort."""
   from fedjax_inv.core import engine
-  return engine.build_round(model, kind, algorithm, C, C, execution="auto",
-                            **_shape_kw()).strategy
+  rf = engine.build_round(model, kind, algorithm, C, C, execution="auto", **_shape_kw())
+  return rf.strategy, getattr(rf, "chunk_size", None)
 
 
 def _row(workload: Workload, C: int, impl: str, **kw) -> dict:
@@ -258,12 +259,15 @@ def run_config(workload: Workload, C: int, impls: list[str], *, warmup: int, rou
                  f"(> 35% of {_mb(s.capacity)} MB device memory)") for i in impls]
   _start_state(s)
   rows = []
-  resolved_auto = _resolve_auto(s.model, s.kind, algorithm, C)
+  resolved_auto, auto_chunk = _resolve_auto(s.model, s.kind, algorithm, C)
   # With several devices the engine's users get 'vmap' sharded over the clients mesh.
   auto_impl = "sharded" if s.ndev > 1 and resolved_auto == "vmap" else resolved_auto
   order = [i for i in impls if i != "auto"]
-  if "auto" in impls and auto_impl not in order:
-    order.append("auto")
+  from fedjax_inv.core.strategy import largest_divisor_at_most
+  other_chunk = (auto_impl == "chunked" and auto_chunk
+                 != largest_divisor_at_most(C, chunk_size or min(C, 64)))
+  if "auto" in impls and (auto_impl not in order or other_chunk):
+    order.append("auto")  # timed on its own unless a fixed row compiles the same round
   measured: dict = {}
   for impl in order:
     if impl == "sharded" and s.ndev < 2:
@@ -276,7 +280,8 @@ def run_config(workload: Workload, C: int, impls: list[str], *, warmup: int, rou
       continue
     strategy = {"loop": "loop", "auto": resolved_auto, "sharded": "vmap"}.get(impl, impl)
     sharded = impl == "sharded" or (impl == "auto" and auto_impl == "sharded")
-    row, timed = _time_impl(s, impl, strategy, sharded, chunk_size=chunk_size,
+    chunk = auto_chunk if impl == "auto" and auto_chunk is not None else chunk_size
+    row, timed = _time_impl(s, impl, strategy, sharded, chunk_size=chunk,
                             fraction=fraction, warmup=warmup, rounds=rounds,
                             budget_s=budget_s, peak_flops=peak_flops, history=history,
                             log=log)

@@ -182,6 +182,27 @@ def test_auto_strategy_chunks_instead_of_failing():
                          capacity_bytes=1000)
 
 
+def test_auto_chunks_convnets_on_accelerators_above_the_measured_cohort():
+  # GPU measurement (memory.CONV_VMAP_MAX): a vmapped ConvNet round at C=1000 ran 5.4x
+  # slower than chunks of 50; dense models keep 'vmap'.
+  cnn, feat, big = models.cnn(1, num_outputs=4), (12, 12, 1), 1 << 40
+  assert memory.uses_convolution(cnn, feat) and not memory.uses_convolution(MODEL, FEAT)
+  lim = memory.CONV_VMAP_MAX
+  assert memory.auto_strategy(cnn, ALG, lim, 8, feat, backend="gpu", num_devices=1,
+                              capacity_bytes=big) == ("vmap", None)
+  assert memory.auto_strategy(cnn, ALG, 4 * lim, 8, feat, backend="gpu", num_devices=1,
+                              capacity_bytes=big) == ("chunked", memory.CONV_CHUNK)
+  # per device: 2 devices carry 2 * CONV_VMAP_MAX clients as one vmap, chunks of 2 * 64
+  assert memory.auto_strategy(cnn, ALG, 2 * lim, 8, feat, backend="gpu", num_devices=2,
+                              capacity_bytes=big) == ("vmap", None)
+  assert memory.auto_strategy(cnn, ALG, 8 * lim, 8, feat, backend="gpu", num_devices=2,
+                              capacity_bytes=big) == ("chunked", 2 * memory.CONV_CHUNK)
+  assert memory.auto_strategy(MODEL, ALG, 4 * lim, N_MAX, FEAT, backend="gpu",
+                              num_devices=1, capacity_bytes=big) == ("vmap", None)
+  assert memory.auto_strategy(cnn, ALG, 4 * lim, 8, feat, backend="cpu", num_devices=1,
+                              capacity_bytes=big) == ("scan", None)
+
+
 def test_device_memory_bytes_on_cpu_is_physical_ram():
   got = memory.device_memory_bytes()
   assert got > 0

@@ -68,6 +68,17 @@ SCRIPT = textwrap.dedent("""
         res[name + "_loss"] = float(metrics["train_loss"])
       out[strategy] = res
 
+    # 'auto' off a single CPU device: vmap for dense models; chunks for a ConvNet above
+    # memory.CONV_VMAP_MAX clients per device (built only: the rule, not a compile).
+    from fedjax_inv.core import memory
+    cnn, lim = models.cnn(1, num_outputs=3), memory.CONV_VMAP_MAX
+    for name, mdl, feat, c in (("dense", model, (6,), 16 * lim), ("conv_small", cnn,
+                               (12, 12, 1), 8 * lim), ("conv_big", cnn, (12, 12, 1),
+                               16 * lim)):
+      rf = engine.build_round(mdl, "multiclass", alg, c, c, execution="auto", mesh=mesh,
+                              feature_shape=feat, n_max=n_max)
+      out["auto_" + name] = [rf.strategy, rf.chunk_size]
+
     # 100,000 clients sharded by client over the 8 devices; 1,000 sampled per round.
     N = 100_000
     pool = ClientData(x=jax.random.normal(jax.random.key(1), (N, 4, 8)),
@@ -133,6 +144,15 @@ def test_sharded_rounds_equal_unsharded():
                                 [np.asarray(b) for b in res["sharded_params"]],
                                 rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(res["plain_loss"], res["sharded_loss"], rtol=1e-5)
+
+
+@pytest.mark.multiprocess  # the 8-device subprocess (result())
+def test_auto_chunks_a_convnet_cohort_above_the_per_device_limit():
+  from fedjax_inv.core import memory
+  r = result()
+  assert r["auto_dense"] == ["vmap", None]
+  assert r["auto_conv_small"] == ["vmap", None]  # 8 devices x CONV_VMAP_MAX clients
+  assert r["auto_conv_big"] == ["chunked", 8 * memory.CONV_CHUNK]
 
 
 @pytest.mark.multiprocess  # the 8-device subprocess (result())

@@ -104,7 +104,10 @@ def resolve_strategy(execution: str, cohort: int, num_devices: int | None = None
   loop for the MNIST MLP at C=1000 and 1.5x for the ConvNet at C=100 on 2 cores, where
   ``vmap`` was 0.3-0.7x; convolutions use ``models.conv.conv_general_dilated``, whose
   gradients XLA:CPU runs fast inside loops). Elsewhere (GPU/TPU, or several devices):
-  ``vmap``.
+  ``vmap``. :func:`build_round`, given the data shapes, refines the second case: 'chunked'
+  when vmap does not fit in memory, or for a model with convolutions above
+  ``memory.CONV_VMAP_MAX`` clients per device (measured on an H200 at C=1000: a vmapped
+  ConvNet round 5.4x slower than chunks of 50).
   """
   if execution not in STRATEGIES:
     raise ValueError(f"execution={execution!r}; choose one of {STRATEGIES}.")
@@ -332,7 +335,9 @@ def build_round(model, kind: str, algorithm: Algorithm, num_clients: int,
   Returns:
     ``round_fn(server: ServerState, client_states: dict, data: ClientData, key) ->
     (ServerState, client_states, metrics)`` with metrics ``{'train_loss': scalar (mean
-    local loss, client-weighted), 'clients': [C] int32 sampled pool indices}``.
+    local loss, client-weighted), 'clients': [C] int32 sampled pool indices}``; its
+    ``strategy`` attribute names the strategy that runs ('auto' resolved) and
+    ``chunk_size`` the clients per chunk under 'chunked' (else None).
 
   Raises:
     ValueError: bad cohort size, strategy name (``'loop'`` included: the message names
@@ -364,7 +369,12 @@ def build_round(model, kind: str, algorithm: Algorithm, num_clients: int,
     ndev = mesh.devices.size if mesh is not None else 1
     # ``model`` is already the algorithm's model (model_transform applied by the caller).
     alg_m = algorithm.replace(model_transform=None)
-    if execution == "auto" and strategy == "vmap":
+    if execution == "auto" and strategy == "vmap" and memory.conv_chunks(
+        model, clients_per_round, feature_shape, ndev):
+      strategy = "chunked"
+      chunk = memory.choose_chunk_size(model, alg_m, clients_per_round, n_max, feature_shape,
+                                       num_devices=ndev, max_chunk=memory.CONV_CHUNK * ndev)
+    elif execution == "auto" and strategy == "vmap":
       try:
         memory.check_fits(model, alg_m, clients_per_round, n_max, feature_shape,
                           "vmap", num_devices=ndev)
@@ -402,11 +412,14 @@ def build_round(model, kind: str, algorithm: Algorithm, num_clients: int,
     return new_server, client_states, metrics
 
   round_fn.strategy = strategy
+  round_fn.chunk_size = (strategy_lib.largest_divisor_at_most(clients_per_round, chunk)
+                         if strategy == "chunked" else None)
   if not jit:
     return round_fn
   jitted = jax.jit(round_fn, donate_argnums=(1,))
   wrapper = lambda *a: jitted(*a)  # noqa: E731
   wrapper.strategy = strategy
+  wrapper.chunk_size = round_fn.chunk_size
   wrapper.jitted = jitted
   return wrapper
 
