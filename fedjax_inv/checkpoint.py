@@ -13,6 +13,7 @@ import json
 import pathlib
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 
@@ -77,7 +78,10 @@ def load_checkpoint(path, target):
   shapes and dtypes of ``target`` (a pytree of arrays).
 
   Returns:
-    ``(state, meta)``, or None when ``path`` holds no checkpoint.
+    ``(state, meta)``, or None when ``path`` holds no checkpoint. The restored arrays are
+    uncommitted (as freshly created ones), so a run sharded over several devices
+    (``--devices``) places them as it placed the fresh state; orbax commits them to one
+    device, which such a run refused ("incompatible devices").
 
   Raises:
     ValueError: the checkpoint's arrays do not match ``target`` (another model/config).
@@ -92,4 +96,14 @@ def load_checkpoint(path, target):
   with _manager(path, create=False) as m:
     state = m.restore(int(meta["round"]), args=ocp.args.Composite(
         state=ocp.args.StandardRestore(target)))["state"]
-  return state, meta
+  return jax.tree.map(_uncommitted, state), meta
+
+
+def _uncommitted(a):
+  """``a`` as an uncommitted array on the default device (values unchanged)."""
+  if not isinstance(a, jax.Array):
+    return a
+  if jax.dtypes.issubdtype(a.dtype, jax.dtypes.prng_key):
+    return jax.random.wrap_key_data(_uncommitted(jax.random.key_data(a)),
+                                    impl=jax.random.key_impl(a))
+  return jnp.asarray(np.asarray(a))

@@ -41,6 +41,9 @@ RUN_KEYS = {  # config key -> (type, help); every help states the default
                        "first rounds, keep the fastest, record it in summary.json); "
                        "default auto"),
     "chunk_size": (int, "clients per chunk for --execution chunked (>= 1); default: auto"),
+    "devices": (str, "all | N: shard the client axis over all local devices or the first N "
+                     "of jax.devices() (the cohort must divide evenly; 1 = no sharding); "
+                     "default all"),
     "rounds_per_call": (int, "fused rounds: run up to N rounds in one device call (>= 1; "
                              "evaluation, checkpoints and progress at call boundaries); "
                              "default 1"),
@@ -96,6 +99,7 @@ _CHECKS = {
     "lr": ("hparam", None), "server_lr": ("hparam", None), "tau": ("hparam", None),
     "local_steps": ("hparam", None), "client_optimizer": ("hparam", None),
     "execution": ("choice", ("auto", "vmap", "scan", "chunked", "probe")),
+    "devices": ("devices", None),
     "replicas": ("choice", ("auto", "batched", "sequential")),
     "source": ("choice", ("auto", "raw", "tfds", "bundled")),
     "reporting": ("choice", ("auto", "none")),
@@ -106,6 +110,24 @@ _CHECKS = {
 def flag(key: str) -> str:
   """``'rounds_per_call'`` -> ``'--rounds-per-call'``."""
   return "--" + key.replace("_", "-")
+
+
+def check_devices(v, where: str = "--devices"):
+  """``'all'`` or an integer >= 1 (a digit string becomes an int). Does not look at the
+  machine: ``simulation.device_mesh`` checks N against ``jax.device_count()``.
+
+  Raises:
+    ValueError: anything else (the message names ``where``, the value and the fix).
+  """
+  if isinstance(v, str):
+    t = v.strip().lower()
+    v = "all" if t == "all" else (int(t) if t.lstrip("+-").isdigit() else v)
+  if v == "all":
+    return v
+  if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+    raise ValueError(f"{where} {v!r}: use 'all' or a number of devices >= 1 (1 = no "
+                     "sharding).")
+  return v
 
 
 def check_run_config(cfg: dict) -> dict:
@@ -154,6 +176,8 @@ def check_run_config(cfg: dict) -> dict:
       if typ is float and isinstance(v, int) and not isinstance(v, bool):
         v = float(v)
       v = check(RUN_FLAGS[key], v, f, sep=" ")
+    elif kind == "devices":
+      v = check_devices(v, f)
     elif typ is bool:
       if not isinstance(v, bool):
         raise ValueError(f"{f} {v!r}: must be true or false.")

@@ -216,6 +216,13 @@ def holdout_groups(pl, stream) -> list:
   return [[h] for h in pl.holdouts]
 
 
+def shard_of(cfg: dict):
+  """``simulation.run``'s ``shard`` for ``--devices``: True for 'all' (the default), else
+  the number of devices."""
+  devices = cfg.get("devices")
+  return True if devices in (None, "all") else int(devices)
+
+
 def execute(pl, out, done, rec, progress, stream) -> None:
   """Runs every (label, seed, holdout) of the plan ``pl`` not in ``done``.
 
@@ -231,7 +238,8 @@ def execute(pl, out, done, rec, progress, stream) -> None:
   common = dict(rounds=pl.rounds, clients_per_round=pl.cohort,
                 execution=cfg.get("execution") or "auto", chunk_size=cfg.get("chunk_size"),
                 eval_every=pl.eval_every, progress=progress, reporting=pl.rep,
-                rounds_per_call=cfg.get("rounds_per_call") or 1)
+                rounds_per_call=cfg.get("rounds_per_call") or 1,
+                shard=shard_of(cfg))
   every = cfg.get("checkpoint_every") if out is not None else None
 
   def row_writer(keyed):  # callback(k, entry) -> metrics.jsonl; keyed[k] = run key

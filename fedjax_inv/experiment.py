@@ -368,6 +368,8 @@ def plan_experiment(cfg: dict, overrides=None, *, task_kwargs=None, seeds=None,
     raise ValueError(f"--clients-per-round {cohort}: the task has "
                      f"{task.train.num_clients} training clients"
                      + (" per held-out domain." if domains else "."))
+  from fedjax_inv import executor, simulation
+  mesh = simulation.device_mesh(executor.shard_of(cfg), cohort)  # checked before compiling
   plans, labels, built = _build_algorithms(algos, per_algo, pts, task)
   if isinstance(reporting, str) and reporting == "auto":
     rep = run_reporting(cfg, task)
@@ -395,6 +397,8 @@ def plan_experiment(cfg: dict, overrides=None, *, task_kwargs=None, seeds=None,
       resolved=resolved, search_info=search_info, replicas=replicas,
       batched=replicas == "batched" or (replicas == "auto"
                                         and jax.default_backend() != "cpu"),
+      devices_used=(1 if mesh is None or cohort % mesh.devices.size
+                    else int(mesh.devices.size)),
       out=out, resume=resume, overwrite=bool(cfg.get("overwrite")), sweep_notes={},
       holdout_note=None, ran_batched=False)
 
@@ -526,7 +530,9 @@ def _stamp(summary: dict, pl, rec) -> None:
           for a in pl.names for h in pl.holdouts for s in pl.seeds
           if (a, s, h) not in have]
   summary["jax"] = {"version": jax.__version__, "backend": jax.default_backend(),
-                    "devices": jax.device_count(), "cpu_flags": xla_cpu.status()}
+                    "devices": jax.device_count(), "cpu_flags": xla_cpu.status(),
+                    # the client axis is sharded over this many (--devices)
+                    "devices_used": pl.devices_used}
   summary["command"] = " ".join(sys.argv)
   summary["provenance"] = provenance()
   summary["config"] = pl.resolved

@@ -282,7 +282,7 @@ def prepare(task, algorithm, rounds, clients_per_round, execution, chunk_size,
   rep = reporting_lib.resolve(reporting, task)
   reporting_lib.check(rep, task)
   schedule = set(reporting_lib.eval_rounds(rounds, int(eval_every), rep.last_k))
-  mesh = client_mesh() if shard else None
+  mesh = device_mesh(shard, cohort)
   model = algorithm.model_for(task.model)
   probe = None
   if execution == "probe":
@@ -323,7 +323,9 @@ def run(task, algorithm, *, rounds: int, clients_per_round: int | None = None,
       (``fedjax_inv.eval.reporting.eval_rounds``).
     progress: a tqdm bar on a terminal; nothing when stderr is not a terminal (logs,
       CI, pipes: ``disable=None``).
-    shard: shard the client axis over all devices when more than one is present.
+    shard: True (default): shard the client axis over all devices when more than one is
+      present and the cohort divides evenly; False: one device; an int N: the first N
+      devices (:func:`device_mesh`; ``fedjax-inv run --devices N``).
     callback: called with each history entry.
     reporting: what to record beyond the pooled metrics — 'auto' (default: the task's
       paper protocol, ``fedjax_inv.eval.reporting.for_task``), None (nothing), a dict of
@@ -347,7 +349,8 @@ def run(task, algorithm, *, rounds: int, clients_per_round: int | None = None,
   Raises:
     ValueError: ``rounds < 1``, bad cohort, bad strategy, ``clients_per_round`` /
       ``eval_every`` / ``chunk_size`` / ``checkpoint_every`` < 1 (0 is refused, not
-      replaced by the default), ``rounds_per_call`` < 1, bad ``eval_every`` or
+      replaced by the default), ``rounds_per_call`` < 1, a bad ``shard`` (more devices
+      than exist, a cohort that does not divide evenly), bad ``eval_every`` or
       ``reporting`` (e.g. a selection rule on a metric the run does not record) — all
       before compiling.
     DivergedError: (a ``FloatingPointError``) the train objective became NaN/inf; the
@@ -367,6 +370,43 @@ def run(task, algorithm, *, rounds: int, clients_per_round: int | None = None,
   if isinstance(out, DivergedError):
     raise out
   return out
+
+
+def device_mesh(shard, cohort: int):
+  """The ``clients`` mesh a run shards its client axis over (``engine.client_mesh``).
+
+  Args:
+    shard: True = every device of ``jax.devices()`` (the cohort is split only when it
+      divides evenly, else the round runs unsharded, as before ``--devices``); False = no
+      mesh; an int N >= 1 = the first N devices (``fedjax-inv run --devices N``).
+    cohort: clients per round ``C``.
+
+  Returns:
+    a 1-D ``jax.sharding.Mesh`` with axis ``'clients'``, or None for one device.
+
+  Raises:
+    ValueError: N < 1, N > ``jax.device_count()``, or ``C`` not divisible by N (the
+      message names the values and a fix).
+  """
+  if shard is True:
+    return client_mesh()
+  if shard is False or shard is None:
+    return None
+  if isinstance(shard, bool) or not isinstance(shard, (int, np.integer)) or shard < 1:
+    raise ValueError(f"devices={shard!r}: use a number of devices >= 1, or all.")
+  count = jax.device_count()
+  if shard > count:
+    raise ValueError(f"--devices {shard} (shard={shard}): this machine has {count} "
+                     f"{jax.default_backend()} "
+                     f"device(s); use --devices all or a number <= {count}.")
+  if cohort % shard:
+    fit = max(d for d in range(1, int(shard) + 1) if cohort % d == 0)
+    up = -(-cohort // shard) * shard
+    raise ValueError(f"--devices {shard} (shard={shard}): clients_per_round={cohort} does "
+                     "not split evenly "
+                     f"over {shard} devices; use --devices {fit} or --clients-per-round "
+                     f"{up}.")
+  return client_mesh(int(shard))
 
 
 def check_checkpoint_every(checkpoint_every) -> None:

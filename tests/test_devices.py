@@ -1,0 +1,125 @@
+"""`fedjax-inv run --devices N|all` (issue 23 item 3): the client axis sharded over N of 8
+virtual CPU devices gives the single-device results (float32 tolerance), checkpoints and
+`--resume` included; bad values exit 2 with one line and write nothing.
+
+Runs in a subprocess: ``XLA_FLAGS=--xla_force_host_platform_device_count=8`` must be set
+before JAX is imported. The task (linear_regression) has 3 clients, so the sharded runs use
+3 of the 8 devices (a cohort must split evenly over the devices).
+"""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import chex
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+SCRIPT = textwrap.dedent("""
+    import os, sys, json, pathlib, contextlib, io
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    import jax
+    from fedjax_inv import cli, simulation
+    tmp = pathlib.Path(sys.argv[1])
+    base = ["run", "--task", "linear_regression", "--algorithm", "fedavg,scaffold",
+            "--rounds", "4", "--eval-every", "2", "--no-progress"]
+    res = {"device_count": jax.device_count()}
+
+    def run(name, *extra):
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            rc = cli.main(base + ["--out", str(tmp / name), *extra])
+        s = tmp / name / "summary.json"
+        res[name] = {"rc": rc, "stderr": err.getvalue().strip().splitlines()[-1:],
+                     "written": (tmp / name).exists(),
+                     "summary": json.loads(s.read_text()) if s.is_file() else None}
+
+    run("d1", "--devices", "1")
+    run("d3", "--devices", "3")
+    run("all")  # 3 clients do not split over 8 devices: unsharded
+    run("d9", "--devices", "9")
+    run("d2", "--devices", "2")
+    run("d0", "--devices", "0")
+    # interrupted after round 2 of scaffold (checkpoint every round), then --resume
+    real = simulation.run
+    def interrupted(*a, callback=None, **k):
+        def cb(entry):
+            callback(entry)
+            if a[1].name == "scaffold" and entry["round"] == 2:
+                raise KeyboardInterrupt
+        return real(*a, callback=cb, **k)
+    simulation.run = interrupted
+    run("cut", "--devices", "3", "--checkpoint-every", "1")
+    simulation.run = real
+    rc = cli.main(["run", "--resume", str(tmp / "cut"), "--no-progress"])
+    res["resumed"] = {"rc": rc, "summary": json.loads((tmp / "cut" / "summary.json")
+                                                      .read_text())}
+    print("RESULT" + json.dumps(res))
+""")
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory):
+  tmp = tmp_path_factory.mktemp("devices")
+  env = dict(os.environ)
+  env.pop("XLA_FLAGS", None)
+  env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+  proc = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp)], capture_output=True,
+                        text=True, env=env, cwd=ROOT, timeout=900)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  line = next(l for l in proc.stdout.splitlines() if l.startswith("RESULT"))
+  return json.loads(line[len("RESULT"):])
+
+
+def _finals(summary):
+  return {r["algorithm"]: r["final"] for r in summary["runs"]}
+
+
+def _close(a, b):
+  assert a.keys() == b.keys()
+  for alg in a:
+    keys = sorted(k for k, v in a[alg].items() if isinstance(v, float))
+    assert keys and keys == sorted(k for k, v in b[alg].items() if isinstance(v, float))
+    chex.assert_trees_all_close([np.float32(a[alg][k]) for k in keys],
+                                [np.float32(b[alg][k]) for k in keys], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.multiprocess
+def test_three_of_eight_devices_equal_one(result):
+  assert result["device_count"] == 8
+  d1, d3 = result["d1"]["summary"], result["d3"]["summary"]
+  assert result["d1"]["rc"] == result["d3"]["rc"] == 0
+  assert d1["jax"]["devices_used"] == 1 and d3["jax"]["devices_used"] == 3
+  assert d3["config"]["devices"] == 3
+  _close(_finals(d1), _finals(d3))
+
+
+@pytest.mark.multiprocess
+def test_all_devices_with_an_uneven_cohort_runs_unsharded(result):
+  s = result["all"]["summary"]
+  assert result["all"]["rc"] == 0 and s["jax"]["devices_used"] == 1
+  _close(_finals(result["d1"]["summary"]), _finals(s))
+
+
+@pytest.mark.multiprocess
+def test_resume_on_three_devices_equals_the_uninterrupted_run(result):
+  assert result["cut"]["rc"] == 130  # interrupted
+  r = result["resumed"]
+  assert r["rc"] == 0 and r["summary"]["status"] == "ok"
+  assert r["summary"]["jax"]["devices_used"] == 3
+  _close(_finals(result["d3"]["summary"]), _finals(r["summary"]))
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("name,says", [
+    ("d9", "this machine has 8 cpu device(s); use --devices all or a number <= 8"),
+    ("d2", "clients_per_round=3 does not split evenly over 2 devices; use --devices 1 or "
+           "--clients-per-round 4"),
+    ("d0", "--devices 0: use 'all' or a number of devices >= 1")])
+def test_bad_devices_exit_2_with_one_line_and_write_nothing(result, name, says):
+  r = result[name]
+  assert r["rc"] == 2 and not r["written"], r
+  assert len(r["stderr"]) == 1 and says in r["stderr"][0], r["stderr"]
