@@ -34,6 +34,13 @@ def _run_parser(sub):
     else:  # strings: check_run_config converts and range-checks with one-line messages
       p.add_argument(flag, type=str, default=None, help=help_)
   p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+  d = p.add_argument_group("several processes (one per host or GPU; docs/multihost.md)")
+  d.add_argument("--coordinator", default=None, metavar="HOST:PORT",
+                 help="process 0's address, or 'auto' (SLURM, Open MPI, TPU pods: JAX "
+                 "reads the cluster from the environment); default $JAX_COORDINATOR_ADDRESS,"
+                 " else one process")
+  d.add_argument("--num-processes", default=None, help="default $JAX_NUM_PROCESSES")
+  d.add_argument("--process-id", default=None, help="0 .. N-1; default $JAX_PROCESS_ID")
   return p
 
 
@@ -103,12 +110,118 @@ def describe_plan(cfg: dict) -> str:
           f"({why})")
 
 
+DIST_TIMEOUT_S = 60  # bounded wait for the other processes ($FEDJAX_INV_DIST_TIMEOUT)
+
+
+def distributed_args(args) -> tuple | None:
+  """``(coordinator, num_processes, process_id)`` of a multi-process run from the flags or
+  the environment (``JAX_COORDINATOR_ADDRESS``, ``JAX_NUM_PROCESSES``,
+  ``JAX_PROCESS_ID``); ``('auto', None, None)`` for JAX's cluster detection; None for
+  one process.
+
+  Raises:
+    ValueError: a count or id that is not an integer, a process id out of range, or a
+      coordinator without the process count and id (one line naming the fix).
+  """
+  import os
+  coord = args.coordinator or os.environ.get("JAX_COORDINATOR_ADDRESS")
+  nproc = args.num_processes or os.environ.get("JAX_NUM_PROCESSES")
+  pid = args.process_id or os.environ.get("JAX_PROCESS_ID")
+  if coord == "auto":
+    return ("auto", None, None)
+  if coord is None and nproc is None and pid is None:
+    return None
+  vals = []
+  for name, v in (("--num-processes", nproc), ("--process-id", pid)):
+    if v is None or not str(v).strip().isdigit():
+      raise ValueError(f"{name} {v!r}: a run over several processes needs --coordinator "
+                       "HOST:PORT, --num-processes N and --process-id I (integers), or "
+                       "--coordinator auto.")
+    vals.append(int(v))
+  nproc, pid = vals
+  if nproc < 1 or not 0 <= pid < nproc:
+    raise ValueError(f"--process-id {pid}: must be in 0..{nproc - 1} for --num-processes "
+                     f"{nproc}.")
+  if nproc == 1:
+    return None
+  if not coord or ":" not in coord:
+    raise ValueError(f"--coordinator {coord!r}: give process 0's HOST:PORT, reachable "
+                     "from every process.")
+  return (coord, nproc, pid)
+
+
+def connect(dist: tuple) -> None:
+  """Joins the other processes (``fedjax_inv.core.multihost.initialize``) with a bounded
+  wait. Raises ValueError (one line) when they do not answer in time."""
+  import os
+  from fedjax_inv.core import multihost
+  timeout = int(os.environ.get("FEDJAX_INV_DIST_TIMEOUT", DIST_TIMEOUT_S))
+  coord, nproc, pid = dist
+  if coord != "auto":
+    _reach(coord, pid, timeout)
+  try:
+    if coord == "auto":
+      multihost.initialize(initialization_timeout=timeout)
+    else:
+      multihost.initialize(coord, nproc, pid, initialization_timeout=timeout)
+  except Exception as e:  # jax raises XlaRuntimeError / RuntimeError / ValueError
+    first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+    raise ValueError(f"--coordinator {coord}: the {nproc or 'cluster'} processes did not "
+                     f"connect within {timeout} s ({first}); start every process with the "
+                     "same --coordinator and --num-processes, or set "
+                     "FEDJAX_INV_DIST_TIMEOUT.") from None
+
+
+def _reach(coord: str, pid: int, timeout: float) -> None:
+  """Checks the coordinator before JAX's client connects (which, on a coordinator that
+  never answers, aborts the process after its deadline instead of raising): process 0
+  must be able to bind ``coord``'s port; another process must reach it within
+  ``timeout`` seconds (retried every 0.5 s). Raises ValueError (one line)."""
+  import socket
+  import time
+  host, _, port = coord.rpartition(":")
+  if not port.isdigit():
+    raise ValueError(f"--coordinator {coord!r}: expected HOST:PORT with a numeric port.")
+  if pid == 0:
+    try:
+      with socket.create_server(("", int(port))):
+        return
+    except OSError as e:
+      raise ValueError(f"--coordinator {coord}: process 0 cannot listen on port {port} "
+                       f"({e.strerror or e}); choose a free port.") from None
+  end = time.monotonic() + timeout
+  while True:
+    try:
+      with socket.create_connection((host, int(port)), timeout=2):
+        return
+    except OSError as e:
+      if time.monotonic() > end:
+        raise ValueError(f"--coordinator {coord}: not reachable within {timeout:.0f} s "
+                         f"({e.strerror or e}); start process 0 with the same "
+                         "--coordinator first, or set FEDJAX_INV_DIST_TIMEOUT.") from None
+      time.sleep(0.5)
+
+
 def cmd_run(args) -> int:
+  dist = distributed_args(args)
+  if dist is not None:
+    connect(dist)  # before any other JAX call
+  import jax
+  lead = jax.process_index() == 0
   cfg = resolve_run_config(args)
-  print(describe_plan(cfg), flush=True)
+  if lead:
+    print(describe_plan(cfg), flush=True)
   cfg = {k: v for k, v in cfg.items() if not k.startswith("_")}
   overrides = algorithm_overrides(cfg)
   from fedjax_inv.experiment import run_experiment
+  if not lead:  # every process computes; only process 0 writes and prints
+    import os
+    import tempfile
+    with tempfile.TemporaryDirectory(prefix="fedjax-inv-p") as tmp, \
+        open(os.devnull, "w") as quiet:
+      run_experiment({**cfg, "out": tmp},
+                     progress=False, overrides=overrides, stream=quiet)
+    return 0
   summary = run_experiment(cfg, progress=not args.no_progress, overrides=overrides)
   if summary.get("status") == "diverged":
     bad = ", ".join(f"{r['algorithm']} seed {r['seed']} (round {r['diverged_round']})"

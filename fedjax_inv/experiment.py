@@ -369,6 +369,8 @@ def plan_experiment(cfg: dict, overrides=None, *, task_kwargs=None, seeds=None,
                      f"{task.train.num_clients} training clients"
                      + (" per held-out domain." if domains else "."))
   from fedjax_inv import executor, simulation
+  if jax.process_count() > 1:
+    _check_multiprocess(cfg)
   mesh = simulation.device_mesh(executor.shard_of(cfg), cohort)  # checked before compiling
   plans, labels, built = _build_algorithms(algos, per_algo, pts, task)
   if isinstance(reporting, str) and reporting == "auto":
@@ -395,12 +397,30 @@ def plan_experiment(cfg: dict, overrides=None, *, task_kwargs=None, seeds=None,
       rounds=rounds, eval_every=eval_every, cohort=cohort, plans=plans, labels=labels,
       built=built, names=[lab for a in algos for lab in labels[a]], rep=rep,
       resolved=resolved, search_info=search_info, replicas=replicas,
-      batched=replicas == "batched" or (replicas == "auto"
-                                        and jax.default_backend() != "cpu"),
+      batched=jax.process_count() == 1 and (
+          replicas == "batched" or (replicas == "auto" and jax.default_backend() != "cpu")),
       devices_used=(1 if mesh is None or cohort % mesh.devices.size
                     else int(mesh.devices.size)),
       out=out, resume=resume, overwrite=bool(cfg.get("overwrite")), sweep_notes={},
       holdout_note=None, ran_batched=False)
+
+
+def _check_multiprocess(cfg: dict) -> None:
+  """What a run over several processes (``--coordinator``) does not support yet.
+
+  Raises:
+    ValueError: ``--checkpoint-every``, ``--resume``, ``--execution probe``, ``--devices
+      N`` or ``--replicas batched`` (one line naming the flag).
+  """
+  for key, bad in (("checkpoint_every", cfg.get("checkpoint_every")),
+                   ("resume", cfg.get("resume")),
+                   ("execution", cfg.get("execution") == "probe"),
+                   ("devices", cfg.get("devices") not in (None, "all")),
+                   ("replicas", cfg.get("replicas") == "batched")):
+    if bad:
+      raise ValueError(f"--{key.replace('_', '-')}: not supported yet in a run over "
+                       f"{jax.process_count()} processes (every device of every process "
+                       "is used; runs go one after another; no checkpoints); drop the flag.")
 
 
 def _check_seeds(seeds) -> list:

@@ -10,7 +10,6 @@ import contextlib
 import csv
 import io
 import json
-import math
 import os
 import pathlib
 import shutil

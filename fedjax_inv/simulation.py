@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_inv import checkpoint
+from fedjax_inv.core import multihost
 from fedjax_inv.core.engine import build_round, client_mesh, init_state
 from fedjax_inv.eval import build_evaluator, summarize
 from fedjax_inv.eval import reporting as reporting_lib
@@ -294,6 +295,7 @@ def prepare(task, algorithm, rounds, clients_per_round, execution, chunk_size,
   evaluate = build_evaluator(model, task.kind, algorithm)
   predict_fn = build_predict(model, algorithm) if rep.ranking else None
   return types.SimpleNamespace(
+      mesh=mesh,
       rounds=rounds, num_clients=num_clients, cohort=cohort, rep=rep, schedule=schedule,
       model=model, round_fn=round_fn, rounds_per_call=int(rounds_per_call),
       evaluate=evaluate, predict_fn=predict_fn, probe=probe)
@@ -437,7 +439,7 @@ class _Replicas:
     return _take(server.params, i) if self.batched else server.params
 
   def flags(self, bad) -> np.ndarray:
-    return np.atleast_1d(np.asarray(bad))
+    return np.atleast_1d(multihost.to_host(bad))
 
   def zero_flags(self):
     return jnp.zeros((self.S,) if self.batched else (), jnp.int32)
@@ -529,6 +531,13 @@ def train_loop(p, round_fn, data, server, cstates, keys, *, tasks, algorithm, ba
   fused = build_fused_rounds(round_fn) if p.rounds_per_call > 1 else None
   t0 = time.perf_counter()
   bad, start = reps.zero_flags(), 1
+  multi = jax.process_count() > 1
+  if multi:  # several processes: every input a global array on the 'clients' mesh
+    if batched or checkpoint_dir is not None:
+      raise ValueError("several processes: batched replicas and checkpoints are not "
+                       "supported yet; run one after another, without checkpoints.")
+    data, server, cstates, keys, bad = _global_inputs(p.mesh, data, server, cstates,
+                                                      keys, bad)
   saving = bool(checkpoint_every) and checkpoint_dir is not None
   if checkpoint_dir is not None:
     server, cstates, bad, start = reps.restore(checkpoint_dir, server, cstates)
@@ -551,6 +560,8 @@ def train_loop(p, round_fn, data, server, cstates, keys, *, tasks, algorithm, ba
         for i in range(reps.S):
           if reps.errors[i] is None:
             params = reps.params(server, i)
+            if multi:  # the replicated global model, as local arrays for evaluation
+              params = multihost.to_host(params)
             entry = {"round": r, "train_objective": float(losses[i])}
             entry.update(evaluate_all(p.evaluate, params, reps.tasks[i], p.rep,
                                       p.predict_fn))
@@ -570,4 +581,22 @@ def train_loop(p, round_fn, data, server, cstates, keys, *, tasks, algorithm, ba
       bar.update(r - first + 1)
       r += 1
   seconds = (time.perf_counter() - t0) / reps.S
+  if multi:
+    server = multihost.to_host(server)
   return reps.results(p, server, round_fn.strategy, seconds, p.probe)
+
+
+def _global_inputs(mesh, data, server, cstates, keys, bad):
+  """A run over several processes (``fedjax-inv run --coordinator``): every process holds
+  the same pool, states and keys (same task, same seed); they become global arrays on
+  the ``clients`` mesh: the pool and the per-client states sharded by client when the
+  pool divides evenly over the devices, else replicated; the server state, keys and
+  divergence flag replicated (``fedjax_inv.core.multihost``; checked equal across
+  processes)."""
+  if mesh is None:
+    raise ValueError("several processes need a 'clients' mesh over their devices.")
+  even = data.n.shape[0] % mesh.devices.size == 0
+  place = multihost.shard_clients if even else multihost.replicate
+  data, cstates = place(data, mesh), place(cstates, mesh)
+  server, keys, bad = multihost.replicate((server, keys, bad), mesh)
+  return data, server, cstates, keys, bad
