@@ -12,8 +12,10 @@ the harness times:
   ``vmap``, ``scan``, ``chunked`` and ``sharded`` (``vmap`` over a ``clients`` mesh, only
   when several devices exist);
 * optionally the peers (``--peers``): FedJAX 0.0.17, DrJAX and PyTorch in their own
-  environment (``benchmarks/peers/setup.sh``), and pfl-research 0.6.0 (PyTorch backend, MLP
-  and ConvNet) in another (``benchmarks/peers/setup_pfl.sh``), merged by workload and ``C``.
+  environment (``benchmarks/peers/setup.sh``), pfl-research 0.6.0 (PyTorch backend, MLP
+  and ConvNet) in another (``benchmarks/peers/setup_pfl.sh``) and Flower 1.42 (Ray
+  simulation backend, PyTorch, MLP and ConvNet) in a third
+  (``benchmarks/peers/setup_flower.sh``), merged by workload and ``C``.
 
 Reported per row: steady-state round time (median after warm-up, min–max), client
 updates per second (``C / median``), compile time, ``ratio_vs_loop`` (loop median / row
@@ -142,14 +144,19 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
   p.add_argument("--json", metavar="FILE", help="write rows + meta as JSON ('-' = stdout)")
   p.add_argument("--plot", metavar="PNG", help="plot client updates/s vs C (mlp_fedavg)")
   p.add_argument("--peers", action="store_true",
-                 help="also run benchmarks/peers/bench_peers.py (FedJAX, DrJAX, PyTorch) and "
-                      "bench_pfl.py (pfl-research, MLP and ConvNet) "
-                      "in its own environment and merge the rows")
+                 help="also run benchmarks/peers/bench_peers.py (FedJAX, DrJAX, PyTorch), "
+                      "bench_pfl.py (pfl-research, MLP and ConvNet) and bench_flower.py "
+                      "(Flower with Ray, MLP and ConvNet), each in its own environment, "
+                      "and merge the rows")
   p.add_argument("--peers-python", default=str(PEERS_DIR / ".venv" / "bin" / "python"),
                  help="interpreter of the peers' environment (benchmarks/peers/setup.sh)")
   p.add_argument("--pfl-python", default=str(PEERS_DIR / ".venv-pfl" / "bin" / "python"),
                  help="interpreter of pfl-research's environment "
                       "(benchmarks/peers/setup_pfl.sh); used with --peers")
+  p.add_argument("--flower-python",
+                 default=str(PEERS_DIR / ".venv-flower" / "bin" / "python"),
+                 help="interpreter of Flower's environment "
+                      "(benchmarks/peers/setup_flower.sh); used with --peers")
   p.add_argument("--host-devices", type=int, default=None,
                  help="CPU only: split the host into N XLA devices (sets XLA_FLAGS before "
                       "JAX starts) so the 'sharded' row runs")
@@ -343,7 +350,7 @@ def cmd_bench(args) -> int:
   rows, notes = _bench_plan(args, cfg, plan, meta, peak, known, log)
   if args.peers:
     rows, pnotes = run_all_peers(rows, args.peers_python, args.pfl_python, cfg["warmup"],
-                                 cfg["rounds"], log=log)
+                                 cfg["rounds"], log=log, flower_python=args.flower_python)
     notes += pnotes
   _report(args, rows, notes, meta, t_start)
   return 0

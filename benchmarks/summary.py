@@ -27,7 +27,7 @@ def _timed_row(rows, workload, impl, C):
 
 def _auto_vs_peer(rows: list[dict], workload: str, prefix: str, Cs: list[int]) -> dict:
   """``{C: fastest peer round_s / auto round_s}`` over the peer rows of ``workload``
-  whose ``impl`` starts with ``prefix`` ('torch', 'pfl'), for each ``C`` of ``Cs`` that
+  whose ``impl`` starts with ``prefix`` ('torch', 'pfl', 'flower'), for each ``C`` of ``Cs`` that
   has both."""
   out = {}
   for C in Cs:
@@ -45,6 +45,7 @@ def summarize(rows: list[dict]) -> dict:
   ``auto_vs_loop_at_1000`` (target >= 1.7), ``auto_vs_loop_min`` over C (>= 1.0),
   ``auto_vs_torch_loop`` per C against the fastest PyTorch row (>= 3), ``auto_vs_pfl``
   per workload and C against pfl-research's fastest layout (issues 23, 30),
+  ``auto_vs_flower`` likewise against Flower's fastest ``client_resources`` setting,
   ``fishr_inter_geo_vs_fedavg`` per C (<= 1.3; FedAvg runs 5 local steps of 32 examples,
   fishr_inter_geo one full-batch step) and ``fishr_inter_geo_vs_fedsgd`` (the same local
   work as fishr_inter_geo)."""
@@ -52,11 +53,14 @@ def summarize(rows: list[dict]) -> dict:
   auto = {C: _timed_row(rows, "mlp_fedavg", "auto", C) for C in Cs}
   ratios = {C: r["ratio_vs_loop"] for C, r in auto.items() if r and r.get("ratio_vs_loop")}
   torch = _auto_vs_peer(rows, "mlp_fedavg", "torch", Cs)
-  pfl = {}
+  pfl, flower = {}, {}
   for w in ("mlp_fedavg", "cnn_fedavg"):
     vs = _auto_vs_peer(rows, w, "pfl", Cs)
     if vs:
       pfl[w] = vs
+    vs = _auto_vs_peer(rows, w, "flower", Cs)
+    if vs:
+      flower[w] = vs
   fishr, fishr_sgd = {}, {}
   for C in Cs:
     f, a, g = (_timed_row(rows, "mlp_fishr_inter_geo", "auto", C), auto.get(C),
@@ -68,6 +72,7 @@ def summarize(rows: list[dict]) -> dict:
   return dict(auto_vs_loop_at_1000=ratios.get(1000),
               auto_vs_loop_min=min(ratios.values()) if ratios else None,
               auto_vs_loop=ratios, auto_vs_torch_loop=torch, auto_vs_pfl=pfl,
+              auto_vs_flower=flower,
               fishr_inter_geo_vs_fedavg=fishr, fishr_inter_geo_vs_fedsgd=fishr_sgd,
               targets=dict(auto_vs_loop_at_1000=">= 1.7", auto_vs_loop_min=">= 1.0",
                            auto_vs_torch_loop=">= 3", fishr_inter_geo_vs_fedavg="<= 1.3",

@@ -90,36 +90,11 @@ import tempfile
 import time
 import traceback
 
-N_PER_CLIENT = 64
-BATCH = 32
-STEPS = 5
-LR = 0.1
-NUM_CLASSES = 10
-WORKLOADS = {"mlp": "mlp_fedavg", "cnn": "cnn_fedavg"}
-EXPECTED_PARAMS = {"mlp": 784 * 128 + 128 + 128 * 10 + 10, "cnn": 56_394}
-
+from torch_workload import (BATCH, EXPECTED_PARAMS, LR, N_PER_CLIENT,
+                            STEPS, WORKLOADS, learnable_task, make_data,
+                            param_count, to_model_layout, torch_body)
 
 # --------------------------------------------------------------------------- shared
-
-
-def make_data(C: int, seed: int = 0):
-  """The synthetic pool of ``bench_peers.make_data``: x [C, 64, 28, 28, 1] uniform [0, 1),
-  y [C, 64] uniform labels."""
-  import numpy as np
-  rng = np.random.default_rng(seed)
-  x = rng.random((C, N_PER_CLIENT, 28, 28, 1), dtype=np.float32)
-  y = rng.integers(0, NUM_CLASSES, (C, N_PER_CLIENT)).astype(np.int32)
-  return x, y
-
-
-def to_model_layout(model: str, x):
-  """Host layout the torch model takes, converted once outside the timed rounds: mlp
-  [..., 784], cnn NCHW [..., 1, 28, 28]."""
-  import numpy as np
-  lead = x.shape[:-3]
-  if model == "mlp":
-    return np.ascontiguousarray(x.reshape(*lead, 784))
-  return np.ascontiguousarray(np.moveaxis(x, -1, -3))
 
 
 def build_torch_model(model: str):
@@ -152,30 +127,7 @@ def build_torch_model(model: str):
                                .item(), n),
               "accuracy": Weighted((logits.argmax(-1) == y).sum().item(), n)}
 
-  if model == "mlp":
-    body = nn.Sequential(nn.Linear(784, 128), nn.ReLU(), nn.Linear(128, NUM_CLASSES))
-  elif model == "cnn":
-
-    class GlobalMax(nn.Module):
-
-      def forward(self, h):
-        return h.amax(dim=(2, 3))
-
-    convs = [nn.Conv2d(1, 32, 3, padding=1), nn.Conv2d(32, 64, 3, padding=1),
-             nn.Conv2d(64, 64, 3, padding=1)]
-    for c in convs:  # fedjax_inv's CNN: He-normal (fan_in, gain 2) kernels, zero bias
-      nn.init.kaiming_normal_(c.weight, nonlinearity="relu")
-      nn.init.zeros_(c.bias)
-    body = nn.Sequential(convs[0], nn.ReLU(), nn.MaxPool2d(2),
-                         convs[1], nn.ReLU(), nn.MaxPool2d(2),
-                         convs[2], nn.ReLU(), GlobalMax(), nn.Linear(64, NUM_CLASSES))
-  else:
-    raise ValueError(f"model={model!r}; expected 'mlp' or 'cnn'.")
-  return Classifier(body)
-
-
-def param_count(module) -> int:
-  return sum(p.numel() for p in module.parameters())
+  return Classifier(torch_body(model))
 
 
 def build_pfl(model: str, X, Y, rounds_total: int, seed: int = 0, callbacks=()):
@@ -475,21 +427,6 @@ def reference_round(model: str, module0, X, Y, seed: int = 0):
       opt.step()
     acc += torch.nn.utils.parameters_to_vector(m.parameters()).detach() - g
   return g + acc / X.shape[0]
-
-
-def learnable_task(C: int, n_test: int, seed: int = 1):
-  """Labels from class templates: x = 0.8 U + 0.2 T_y, T_k a fixed random 0/1 28x28
-  pattern per class (local texture, so the global-max CNN can learn it too)."""
-  import numpy as np
-  rng = np.random.default_rng(seed)
-  T = (rng.random((NUM_CLASSES, 28, 28, 1)) < 0.5).astype(np.float32)
-
-  def draw(shape):
-    y = rng.integers(0, NUM_CLASSES, shape)
-    x = (0.8 * rng.random(shape + (28, 28, 1)) + 0.2 * T[y]).astype(np.float32)
-    return x, y.astype(np.int64)
-
-  return draw((C, N_PER_CLIENT)), draw((n_test,))
 
 
 def check_main(a) -> int:
