@@ -403,11 +403,9 @@ def device_mesh(shard, cohort: int):
                      f"device(s); use --devices all or a number <= {count}.")
   if cohort % shard:
     fit = max(d for d in range(1, int(shard) + 1) if cohort % d == 0)
-    up = -(-cohort // shard) * shard
     raise ValueError(f"--devices {shard} (shard={shard}): clients_per_round={cohort} does "
-                     "not split evenly "
-                     f"over {shard} devices; use --devices {fit} or --clients-per-round "
-                     f"{up}.")
+                     f"not split evenly over {shard} devices; use --devices {fit}, or a "
+                     f"--clients-per-round that is a multiple of {shard}.")
   return client_mesh(int(shard))
 
 

@@ -116,8 +116,8 @@ def test_resume_on_three_devices_equals_the_uninterrupted_run(result):
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("name,says", [
     ("d9", "this machine has 8 cpu device(s); use --devices all or a number <= 8"),
-    ("d2", "clients_per_round=3 does not split evenly over 2 devices; use --devices 1 or "
-           "--clients-per-round 4"),
+    ("d2", "clients_per_round=3 does not split evenly over 2 devices; use --devices 1, "
+           "or a --clients-per-round that is a multiple of 2"),
     ("d0", "--devices 0: use 'all' or a number of devices >= 1")])
 def test_bad_devices_exit_2_with_one_line_and_write_nothing(result, name, says):
   r = result[name]
