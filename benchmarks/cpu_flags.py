@@ -46,7 +46,9 @@ def child(rounds: int) -> dict:
 
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument("--settings", nargs="*", default=SETTINGS)
+  p.add_argument("--settings", nargs="*", default=SETTINGS,
+                 help="XLA_FLAGS values to compare (the first is the baseline); write a "
+                 "value that starts with -- after =, e.g. --settings \"\" \" --xla_...\"")
   p.add_argument("--repeats", type=int, default=2, help="interleaved passes (default 2)")
   p.add_argument("--rounds", type=int, default=3, help="timed rounds per row (default 3)")
   p.add_argument("--json", help="write the result here (atomically)")

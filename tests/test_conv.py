@@ -88,3 +88,41 @@ def test_gradient_convolutions_stay_canonical_inside_a_loop():
     pytest.skip("layout check is for XLA:CPU")
   assert labels, "no convolution found in the compiled loop"
   assert set(labels) == {"b01f_01io->b01f"}, labels
+
+
+@pytest.mark.parametrize("xs,ws,pad", [((2, 9, 9, 1), (3, 3, 1, 4), "SAME"),
+                                       ((2, 10, 7, 3), (3, 2, 3, 5), [(1, 2), (0, 1)]),
+                                       ((3, 11, 2), (5, 2, 4), "VALID")])
+def test_im2col_forward_equals_lax(monkeypatch, xs, ws, pad):
+  """The first-layer path (a matmul over patches, taken on CPU when Eigen runs the
+  convolutions): same values and gradients as lax, on 1-D and 2-D inputs."""
+  from fedjax_inv.models import conv
+  monkeypatch.setattr(conv, "eigen_convolutions", lambda: True)
+  k1, k2, k3 = jax.random.split(jax.random.key(sum(xs)), 3)
+  x, w = jax.random.normal(k1, xs), jax.random.normal(k2, ws)
+  dn = NHWC if len(xs) == 4 else ("NWC", "WIO", "NWC")
+  y_new, vjp_new = jax.vjp(lambda x, w: conv_general_dilated(
+      x, w, (1,) * (len(xs) - 2), pad, dimension_numbers=dn), x, w)
+  y_ref, vjp_ref = jax.vjp(lambda x, w: lax.conv_general_dilated(
+      x, w, (1,) * (len(xs) - 2), pad, dimension_numbers=dn), x, w)
+  np.testing.assert_allclose(y_new, y_ref, rtol=1e-5, atol=1e-5)
+  ct = jax.random.normal(k3, y_ref.shape)
+  for a, b in zip(vjp_new(ct), vjp_ref(ct)):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+  if jax.default_backend() == "cpu":  # the path really ran: a dot, not a convolution
+    hlo = jax.jit(lambda x, w: conv_general_dilated(
+        x, w, (1,) * (len(xs) - 2), pad, dimension_numbers=dn)).lower(x, w).as_text()
+    assert "convolution" not in hlo and "dot" in hlo, hlo[:2000]
+
+
+@pytest.mark.parametrize("flags,want", [
+    ("", False), ("--xla_cpu_experimental_ynn_fusion_type=", True),
+    ("--xla_cpu_experimental_ynn_fusion_type=-individual_convolution", True),
+    ("--xla_cpu_experimental_ynn_fusion_type=individual_dot,dot", True),
+    ("--xla_cpu_experimental_ynn_fusion_type=individual_convolution", False),
+    ("--xla_cpu_experimental_ynn_fusion_type=-dot", False),
+    ("--xla_cpu_experimental_ynn_fusion_type= --xla_cpu_experimental_ynn_fusion_type=+dot",
+     False)])
+def test_eigen_convolutions_reads_the_ynn_flag(flags, want):
+  from fedjax_inv.models.conv import eigen_convolutions
+  assert eigen_convolutions(flags) is want

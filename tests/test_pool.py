@@ -1,8 +1,10 @@
 """fedjax_inv.models.pool.max_pool against flax's nnx.max_pool (lax.reduce_window).
 
 Forward values must be bitwise equal; gradients equal wherever the window maximum is
-unique (continuous random inputs: ties have probability 0); at ties the cotangent is split
-evenly, and after a ReLU the parameter gradients still agree (issue 30).
+unique (continuous random inputs: ties have probability 0). At ties, non-overlapping windows
+route the cotangent as select_and_scatter does (to the first maximum), so their gradients
+are bitwise equal too; overlapping windows split it evenly, and after a ReLU the parameter
+gradients still agree (issue 30).
 """
 import jax
 import jax.numpy as jnp
@@ -44,12 +46,31 @@ def test_forward_equals_nnx_and_gradient_without_ties(shape, window, strides, pa
   assert np.count_nonzero(np.asarray(g)) > 0
 
 
-def test_ties_split_the_cotangent_evenly():
+def test_ties_in_non_overlapping_windows_go_to_the_first_maximum():
   x = jnp.ones((1, 2, 2, 1))  # one window, four tied maxima
   g = jax.grad(lambda x: jnp.sum(max_pool(x, (2, 2), (2, 2))))(x)
-  np.testing.assert_allclose(np.asarray(g).ravel(), [0.25] * 4, rtol=0, atol=0)
-  g_ref = jax.grad(lambda x: jnp.sum(nnx.max_pool(x, (2, 2), strides=(2, 2))))(x)
-  assert float(jnp.sum(g)) == float(jnp.sum(g_ref)) == 1.0  # the window's total agrees
+  np.testing.assert_array_equal(np.asarray(g).ravel(), [1.0, 0.0, 0.0, 0.0])
+
+
+@pytest.mark.parametrize("shape,window", [((3, 8, 8, 4), (2, 2)), ((2, 9, 7, 3), (2, 3)),
+                                          ((2, 12, 3), (3,)), ((2, 4, 6, 4, 2), (2, 2, 2))])
+def test_gradient_with_many_ties_equals_nnx_bitwise(shape, window):
+  # Rounded, ReLU'd inputs: most windows hold tied maxima (zeros and repeated values).
+  x = jax.nn.relu(jnp.round(2 * jax.random.normal(jax.random.key(4), shape)) / 2)
+  ct = jax.random.normal(jax.random.key(5), max_pool(x, window, window).shape)
+  g = jax.grad(lambda x: jnp.sum(max_pool(x, window, window) * ct))(x)
+  g_ref = jax.grad(lambda x: jnp.sum(nnx.max_pool(x, window, strides=window) * ct))(x)
+  np.testing.assert_array_equal(np.asarray(g), np.asarray(g_ref))
+  x_r = x.reshape(-1)
+  assert np.count_nonzero(np.asarray(x_r) == 0) > x_r.size // 4  # ties really occur
+
+
+def test_overlapping_windows_split_ties_evenly():
+  x = jnp.ones((1, 3, 3, 1))  # 2x2 windows, stride 1: every window all tied
+  g = jax.grad(lambda x: jnp.sum(max_pool(x, (2, 2), (1, 1))))(x)
+  g_ref = jax.grad(lambda x: jnp.sum(nnx.max_pool(x, (2, 2), strides=(1, 1))))(x)
+  np.testing.assert_allclose(float(jnp.sum(g)), float(jnp.sum(g_ref)))  # totals agree
+  np.testing.assert_allclose(np.asarray(g)[0, 1, 1, 0], 1.0)  # 4 windows x 1/4
 
 
 def test_parameter_gradients_agree_after_relu_with_dead_windows():

@@ -58,6 +58,40 @@ def test_unparsable_xla_flags_is_named():
     xla_cpu.apply({"XLA_FLAGS": '--a="b'}, FLAGS)
 
 
+def test_flags_only_on_measured_hosts(monkeypatch):
+  """FLAGS were measured on x86-64 without AVX-512 with jaxlib 0.10: other hosts get none
+  (an XLA flag that a newer jaxlib does not know would abort the process)."""
+  import platform
+  monkeypatch.setattr(platform, "machine", lambda: "x86_64")
+  monkeypatch.setattr(xla_cpu, "_jaxlib_version", lambda: "0.10.2")
+  monkeypatch.setattr(xla_cpu, "_cpu_has_avx512", lambda: False)
+  assert xla_cpu.host_wants_flags() == (True, "")
+  env = {}
+  assert xla_cpu.apply(env) == xla_cpu.FLAGS
+  assert env["XLA_FLAGS"] == " ".join(f"--{k}={v}" for k, v in xla_cpu.FLAGS.items())
+  for attr, value, why in [("_cpu_has_avx512", lambda: True, "AVX-512"),
+                           ("_cpu_has_avx512", lambda: None, "unknown"),
+                           ("_jaxlib_version", lambda: "0.11.0", "jaxlib 0.11.0")]:
+    with monkeypatch.context() as m:
+      m.setattr(xla_cpu, attr, value)
+      wanted, reason = xla_cpu.host_wants_flags()
+      assert not wanted and why in reason
+      env = {"XLA_FLAGS": "--x=1"}
+      assert xla_cpu.apply(env) == {}
+      assert env == {"XLA_FLAGS": "--x=1"} and why in xla_cpu.status()["note"]
+  monkeypatch.setattr(platform, "machine", lambda: "aarch64")
+  assert xla_cpu.host_wants_flags()[0] is False
+
+
+def test_avx512_read_from_cpuinfo(tmp_path):
+  f = tmp_path / "cpuinfo"
+  f.write_text("processor\t: 0\nflags\t\t: fpu sse avx2 fma\n")
+  assert xla_cpu._cpu_has_avx512(str(f)) is False
+  f.write_text("flags\t\t: fpu avx2 avx512f avx512bw\n")
+  assert xla_cpu._cpu_has_avx512(str(f)) is True
+  assert xla_cpu._cpu_has_avx512(str(tmp_path / "missing")) is None
+
+
 _CHILD = r"""
 import json, jax, jax.numpy as jnp, numpy as np, fedjax_inv
 from fedjax_inv import models, xla_cpu

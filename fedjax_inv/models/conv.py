@@ -18,6 +18,9 @@ Every CNN in ``fedjax_inv.models`` passes this function to ``nnx.Conv``.
 from __future__ import annotations
 
 import functools
+import itertools
+import math
+import os
 
 import jax
 import jax.numpy as jnp
@@ -26,6 +29,49 @@ from jax import lax
 
 def _dilate(shape, dilation):
   return tuple(0 if s == 0 else 1 + d * (s - 1) for s, d in zip(shape, dilation))
+
+
+# When XLA:CPU runs convolutions on Eigen (YNNPACK's convolutions off, as
+# ``fedjax_inv.xla_cpu`` sets on CPUs without AVX-512), a forward convolution with at most
+# this many input channels runs as one matmul over its patches ("im2col"): the first layer
+# of an image model (1 or 3 channels) gives Eigen's kernel too little work per output.
+# Measured (2-core AMD EPYC, JAX 0.10.2, [32, 28, 28, 1] * [3, 3, 1, 32]): 1.02 ms on
+# Eigen, 0.58 ms as a matmul, 0.39 ms on YNNPACK; the ConvNet round 1.05x faster (Eigen
+# convolutions) and 0.93x (YNN convolutions); benchmarks/RESULTS.md. Other backends keep
+# the convolution. 0 turns it off.
+IM2COL_MAX_IN = 4
+
+
+def eigen_convolutions(xla_flags: str | None = None) -> bool:
+  """Whether ``XLA_FLAGS`` (default: the environment's) turns YNNPACK's standalone
+  convolutions off (``--xla_cpu_experimental_ynn_fusion_type`` without
+  ``individual_convolution``, or with ``-individual_convolution``)."""
+  flags = os.environ.get("XLA_FLAGS", "") if xla_flags is None else xla_flags
+  value = None
+  for tok in flags.split():
+    if tok.startswith("--xla_cpu_experimental_ynn_fusion_type="):
+      value = tok.split("=", 1)[1]  # the last one wins, as in XLA's parser
+  if value is None:
+    return False
+  items = [i for i in value.split(",") if i]
+  if any(i[:1] in "+-" for i in items):
+    return "-individual_convolution" in items
+  return "individual_convolution" not in items
+
+
+def _im2col(x, w, pads):
+  """Stride-1, undilated convolution of canonical ``x [N, S..., I]`` with ``w [K..., I,
+  O]`` as ``patches [N, S'..., prod(K)·I] @ w.reshape(prod(K)·I, O)`` (same result as the
+  convolution up to float32 summation order)."""
+  nd = x.ndim - 2
+  k_sp = w.shape[:nd]
+  xp = jnp.pad(x, ((0, 0),) + tuple(pads) + ((0, 0),))
+  out_sp = tuple(xp.shape[1 + d] - k_sp[d] + 1 for d in range(nd))
+  cols = [xp[(slice(None),) + tuple(slice(o, o + n) for o, n in zip(off, out_sp))]
+          for off in itertools.product(*(range(k) for k in k_sp))]
+  patches = jnp.stack(cols, axis=-2).reshape(x.shape[:1] + out_sp + (-1,))
+  return jnp.dot(patches, w.reshape(math.prod(k_sp) * x.shape[-1], w.shape[-1]),
+                 precision=lax.Precision.HIGHEST)
 
 
 def _canonical_dn(nd: int) -> lax.ConvDimensionNumbers:
@@ -43,9 +89,16 @@ def _canonical_conv(nd: int, strides: tuple, pads: tuple, rhs_dil: tuple, precis
   dn = _canonical_dn(nd)
   ones = (1,) * nd
 
-  def fwd_conv(x, w):
+  def direct(x, w):
     return lax.conv_general_dilated(x, w, strides, pads, ones, rhs_dil, dn,
                                     precision=precision)
+
+  def fwd_conv(x, w):
+    if (x.shape[-1] <= IM2COL_MAX_IN and all(s == 1 for s in strides)
+        and all(d == 1 for d in rhs_dil) and eigen_convolutions()):
+      return lax.platform_dependent(x, w, cpu=lambda x, w: _im2col(x, w, pads),
+                                    default=direct)
+    return direct(x, w)
 
   @jax.custom_vjp
   def conv(x, w):
