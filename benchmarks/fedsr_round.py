@@ -14,7 +14,7 @@ evaluation). The parent prints the speed-up over ``before`` and the largest diff
 the final parameters (float32 rounding and max-pool ties aside, the variants compute the
 same function).
 
-Usage:  python benchmarks/fedsr_round.py --rounds 10
+Usage:  python benchmarks/fedsr_round.py --rounds 10 --json benchmarks/results_fedsr_round.json
 """
 from __future__ import annotations
 
@@ -65,6 +65,7 @@ def child(pool: str, rounds: int) -> dict:
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--rounds", type=int, default=10)
+  p.add_argument("--json", help="also write the result here (atomically)")
   p.add_argument("--child", choices=("nnx", "ours"), help=argparse.SUPPRESS)
   a = p.parse_args(argv)
   if a.child:
@@ -91,7 +92,18 @@ def main(argv=None) -> int:
     r["max_abs_param"] = scale
   for r in out.values():
     del r["params"]
-  print(json.dumps(dict(rounds=a.rounds, variants=out), indent=1))
+  sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+  from benchmarks.harness import machine_info
+  text = json.dumps(dict(rounds=a.rounds, variants=out,
+                         meta=dict(machine_info(), command="python benchmarks/fedsr_round.py "
+                                   + " ".join(argv if argv is not None else sys.argv[1:]))),
+                    indent=1, default=str)
+  print(text)
+  if a.json:
+    tmp = a.json + ".tmp"
+    with open(tmp, "w") as f:
+      f.write(text)
+    os.replace(tmp, a.json)
   return 0
 
 
