@@ -13,6 +13,11 @@ inputs stayed in layout ``f01b_i01o->01bf`` and ran ~50× slower (measured on th
 CI machine, JAX 0.10.2: 8 SGD steps 13.6 s in a ``fori_loop`` vs 0.26 s unrolled; with this
 VJP 0.27 s in both; ``benchmarks/RESULTS.md``). On GPU/TPU the two forms cost the same.
 
+On CPU, when XLA runs convolutions on Eigen (``fedjax_inv.xla_cpu`` turns YNNPACK's
+convolutions off on CPUs without AVX-512), a forward convolution with few input channels
+and stride 1 (an image model's first layer) runs as im2col + one matmul instead
+(``IM2COL_MAX_IN``); its result equals the convolution's up to float32 summation order.
+
 Every CNN in ``fedjax_inv.models`` passes this function to ``nnx.Conv``.
 """
 from __future__ import annotations
@@ -143,8 +148,9 @@ def conv_general_dilated(lhs, rhs, window_strides, padding, lhs_dilation=None,
   outside). For the common case — no input dilation, ``feature_group_count ==
   batch_group_count == 1``, no ``preferred_element_type`` or sharding arguments — the
   operands are transposed to the canonical layout and the convolution gets the custom VJP
-  described in the module docstring (identity transposes for NHWC/HWIO inputs); anything
-  else is passed to ``lax.conv_general_dilated`` unchanged.
+  described in the module docstring (identity transposes for NHWC/HWIO inputs; on CPU a
+  first layer's forward may be im2col + matmul, equal up to float32 summation order);
+  anything else is passed to ``lax.conv_general_dilated`` unchanged.
 
   Raises:
     whatever ``lax.conv_general_dilated`` raises for the same arguments.
