@@ -1,0 +1,71 @@
+"""The package as a user gets it: a wheel built from this checkout, installed with its
+dependencies into a fresh virtualenv, on Python 3.11 (this interpreter or another) and 3.12
+when one can be found; then ``fedjax-inv list`` and a 2-round ``fedjax-inv run`` (issue 28).
+
+Needs the package registry (pip). An interpreter that is missing is skipped with the reason.
+"""
+import glob
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
+
+
+def _interpreter(version: str):
+  """A working ``python<version>``: this one, one on PATH, or a pyenv install."""
+  if f"{sys.version_info.major}.{sys.version_info.minor}" == version:
+    return sys.executable
+  candidates = [shutil.which(f"python{version}")]
+  candidates += sorted(glob.glob(os.path.expanduser(f"~/.pyenv/versions/{version}*/bin/python{version}")))
+  for exe in filter(None, candidates):
+    r = subprocess.run([exe, "--version"], capture_output=True, text=True)
+    if r.returncode == 0:
+      return exe
+  return None
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory):
+  out = tmp_path_factory.mktemp("wheel")
+  subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out),
+                  str(REPO)], check=True, capture_output=True, text=True, timeout=600)
+  (whl,) = out.glob("fedjax_inv-*.whl")
+  return whl
+
+
+@pytest.mark.parametrize("version", ["3.11", "3.12"])
+def test_wheel_installs_and_runs(wheel, tmp_path, version):
+  exe = _interpreter(version)
+  if exe is None:
+    pytest.skip(f"no Python {version} here (not on PATH, not under ~/.pyenv/versions): "
+                f"install one to test the wheel on it")
+  venv = tmp_path / "venv"
+  subprocess.run([exe, "-m", "venv", str(venv)], check=True, timeout=300)
+  py = venv / "bin" / "python"
+  r = subprocess.run([str(py), "-m", "pip", "install", "-q", str(wheel)], capture_output=True,
+                     text=True, timeout=1200)
+  assert r.returncode == 0, r.stderr[-3000:]
+  env = {k: v for k, v in os.environ.items() if not k.startswith(("XLA_", "JAX_"))}
+  env["JAX_PLATFORMS"] = "cpu"
+  cli = venv / "bin" / "fedjax-inv"
+  listing = subprocess.run([str(cli), "list"], capture_output=True, text=True, env=env,
+                           cwd=tmp_path, timeout=300)
+  assert listing.returncode == 0, listing.stderr[-3000:]
+  assert "fedavg" in listing.stdout and "fishr_inter_geo" in listing.stdout
+  out = tmp_path / "run"
+  run = subprocess.run([str(cli), "run", "--rounds", "2", "--out", str(out)],
+                       capture_output=True, text=True, env=env, cwd=tmp_path, timeout=900)
+  assert run.returncode == 0, run.stderr[-3000:]
+  summary = json.loads((out / "summary.json").read_text())
+  assert summary["jax"]["version"] and (out / "metrics.jsonl").is_file()
+  # The installed package, not this checkout, ran.
+  where = subprocess.run([str(py), "-c", "import fedjax_inv; print(fedjax_inv.__file__)"],
+                         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+  assert str(venv) in where.stdout, where.stdout
