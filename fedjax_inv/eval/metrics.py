@@ -2,10 +2,10 @@
 prediction.
 
 * :func:`auroc` / :func:`auprc` — the binary ranking metrics FedILC reports on Color-MNIST
-  and eICU (FedILC §5.2, Table 4). Ties are handled exactly like scikit-learn's
-  ``roc_auc_score`` (trapezoidal ROC over distinct thresholds = Mann–Whitney U with ties
-  counted 1/2) and ``average_precision_score`` (step-wise ``Σ (R_n − R_{n−1}) P_n`` over
-  distinct thresholds, no interpolation).
+  and eICU (FedILC §5.2, Table 4): scikit-learn's ``roc_auc_score`` (trapezoidal ROC over
+  distinct thresholds = Mann–Whitney U with ties counted 1/2) and
+  ``average_precision_score`` (step-wise ``Σ (R_n − R_{n−1}) P_n`` over distinct
+  thresholds, no interpolation), after this module's input checks.
 * :func:`auroc_thresholded` / :func:`auprc_thresholded` — the variant the official FedILC
   code reports: scikit-learn's ``roc_auc_score`` and ``auc(precision_recall_curve)`` on
   thresholded 0/1 predictions (``sigmoid(logit) > 0.5``), optionally averaged over shuffled
@@ -75,17 +75,6 @@ def _binary_inputs(scores, labels, fn: str) -> tuple[np.ndarray, np.ndarray]:
   return s, y.astype(np.int64)
 
 
-def _step_counts(s: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-  """Cumulative (true positives, false positives) at each distinct threshold, scores
-  sorted in decreasing order; tied scores form a single threshold."""
-  order = np.argsort(-s, kind="mergesort")
-  s, y = s[order], y[order]
-  last_of_group = np.r_[np.flatnonzero(np.diff(s)), len(s) - 1]
-  tps = np.cumsum(y)[last_of_group].astype(np.float64)
-  fps = (last_of_group + 1) - tps
-  return tps, fps
-
-
 def auroc(scores, labels) -> float:
   """Area under the ROC curve of a binary scorer.
 
@@ -96,27 +85,24 @@ def auroc(scores, labels) -> float:
 
   Returns:
     AUROC in [0, 1]: the trapezoidal area under (FPR, TPR) over the distinct thresholds,
-    equal to ``P(s⁺ > s⁻) + ½ P(s⁺ = s⁻)`` — identical to scikit-learn's
-    ``roc_auc_score`` including ties.
+    equal to ``P(s⁺ > s⁻) + ½ P(s⁺ = s⁻)`` (scikit-learn's ``roc_auc_score``).
 
   Raises:
     ValueError: shape mismatch, non-finite scores, labels outside {0, 1}, or a single class.
 
   Source: FedILC §5.2, Table 4(a) ("AUCROC").
   """
+  from sklearn.metrics import roc_auc_score
   s, y = _binary_inputs(scores, labels, "auroc")
-  tps, fps = _step_counts(s, y)
-  tpr = np.r_[0.0, tps] / tps[-1]
-  fpr = np.r_[0.0, fps] / fps[-1]
-  return float(np.sum(np.diff(fpr) * (tpr[1:] + tpr[:-1]) / 2.0))
+  return float(roc_auc_score(y, s))
 
 
 def auprc(scores, labels) -> float:
   """Area under the precision–recall curve as average precision.
 
   ``AP = Σ_k (R_k − R_{k−1}) P_k`` over the distinct thresholds in decreasing score order
-  (``R_0 = 0``; tied scores are one threshold; no interpolation) — identical to
-  scikit-learn's ``average_precision_score``.
+  (``R_0 = 0``; tied scores are one threshold; no interpolation): scikit-learn's
+  ``average_precision_score``.
 
   Args:
     scores: ``[n]`` (or ``[n, 1]``) real scores; higher means class 1.
@@ -130,27 +116,18 @@ def auprc(scores, labels) -> float:
 
   Source: FedILC §5.2, Table 4(b) ("AUCPR").
   """
+  from sklearn.metrics import average_precision_score
   s, y = _binary_inputs(scores, labels, "auprc")
-  tps, fps = _step_counts(s, y)
-  precision = tps / (tps + fps)
-  recall = tps / tps[-1]
-  return float(np.sum(np.diff(np.r_[0.0, recall]) * precision))
+  return float(average_precision_score(y, s))
 
 
 def _thresholded_pair(s: np.ndarray, y: np.ndarray) -> tuple[float, float]:
-  """(AUROC, AUPRC) of 0/1 predictions ``s`` exactly as scikit-learn's
-  ``roc_auc_score(y, s)`` and ``auc(*precision_recall_curve(y, s)[1::-1])`` compute them."""
-  tps, fps = _step_counts(s, y)  # thresholds 1 (if any 1 predicted), then 0
-  tpr = np.r_[0.0, tps] / tps[-1]
-  fpr = np.r_[0.0, fps] / fps[-1]
-  roc = float(np.sum(np.diff(fpr) * (tpr[1:] + tpr[:-1]) / 2.0))
-  # precision_recall_curve keeps the thresholds down to the first one with full recall,
-  # then appends (recall 0, precision 1); ``auc`` integrates it with the trapezoid rule.
-  stop = int(np.searchsorted(tps, tps[-1])) + 1
-  precision = np.r_[1.0, tps[:stop] / (tps[:stop] + fps[:stop])]
-  recall = np.r_[0.0, tps[:stop] / tps[-1]]
-  pr = float(np.sum(np.diff(recall) * (precision[1:] + precision[:-1]) / 2.0))
-  return roc, pr
+  """(AUROC, AUPRC) of 0/1 predictions ``s`` as the official FedILC evaluator computes
+  them: scikit-learn's ``roc_auc_score(y, s)`` and ``auc(recall, precision)`` of
+  ``precision_recall_curve(y, s)``."""
+  from sklearn.metrics import auc, precision_recall_curve, roc_auc_score
+  precision, recall, _ = precision_recall_curve(y, s)
+  return float(roc_auc_score(y, s)), float(auc(recall, precision))
 
 
 def _thresholded(scores, labels, threshold, batch_size, seed, fn) -> tuple[float, float]:
