@@ -87,6 +87,10 @@ RUN_KEYS = {  # config key -> (type, help); every help states the default
                     "task's"),
     "reporting": (str, "auto (the task's paper protocol) | none; default auto"),
     "validation": (str, "--holdout model selection: mean | pooled; default mean"),
+    "log": (str, "experiment logs besides metrics.jsonl and summary.json, comma-separated: "
+                 "tensorboard (OUT/tensorboard/), wandb (offline unless WANDB_MODE or "
+                 "WANDB_API_KEY is set), csv (OUT/metrics.csv); needs "
+                 "pip install 'fedjax_inv[log]'; default none"),
 }
 
 # Range checks of check_run_config: key -> (kind, minimum or choices).
@@ -99,7 +103,7 @@ _CHECKS = {
     "lr": ("hparam", None), "server_lr": ("hparam", None), "tau": ("hparam", None),
     "local_steps": ("hparam", None), "client_optimizer": ("hparam", None),
     "execution": ("choice", ("auto", "vmap", "scan", "chunked", "probe")),
-    "devices": ("devices", None),
+    "devices": ("devices", None), "log": ("loggers", None),
     "replicas": ("choice", ("auto", "batched", "sequential")),
     "source": ("choice", ("auto", "raw", "tfds", "bundled")),
     "reporting": ("choice", ("auto", "none")),
@@ -178,6 +182,9 @@ def check_run_config(cfg: dict) -> dict:
       v = check(RUN_FLAGS[key], v, f, sep=" ")
     elif kind == "devices":
       v = check_devices(v, f)
+    elif kind == "loggers":
+      from fedjax_inv.loggers import check_loggers
+      v = check_loggers(v, f)
     elif typ is bool:
       if not isinstance(v, bool):
         raise ValueError(f"{f} {v!r}: must be true or false.")

@@ -130,6 +130,14 @@ class Recorder:
                          {k: v for k, v in summary.items() if k != "history"})
 
 
+def log_config(pl, key) -> dict:
+  """What ``--log`` records as a run's config: the algorithm's hyperparameters, the task,
+  the seed and the held-out domain."""
+  a, s, h = key
+  return {**pl.built[a].hparams, "task": pl.task.name, "algorithm": a, "seed": s,
+          **({} if h is None else {"holdout": h})}
+
+
 def _name(key) -> str:
   a, s, h = key
   return f"{a} seed {s}" + ("" if h is None else f" holdout {h}")
@@ -242,11 +250,18 @@ def execute(pl, out, done, rec, progress, stream) -> None:
                 shard=shard_of(cfg))
   every = cfg.get("checkpoint_every") if out is not None else None
 
-  def row_writer(keyed):  # callback(k, entry) -> metrics.jsonl; keyed[k] = run key
+  logs = getattr(pl, "loggers", None) or []
+
+  def row_writer(keyed):  # callback(k, entry) -> metrics.jsonl (+ --log); keyed[k] = key
     if out is None:
       return None
-    return lambda k, entry: outputs.append_jsonl(out / "metrics.jsonl",
-                                                 metrics_row(keyed[k], entry))
+
+    def write(k, entry):
+      key = keyed[k]
+      outputs.append_jsonl(out / "metrics.jsonl", metrics_row(key, entry))
+      for lg in logs:
+        lg.log(run_dir(out, key).relative_to(out).as_posix(), log_config(pl, key), entry)
+    return write
 
   def batch(algo, folder, structure, todo, hparams=None):
     from fedjax_inv import replicas

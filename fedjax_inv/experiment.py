@@ -217,12 +217,16 @@ def run_experiment(cfg: dict, progress: bool = True, overrides=None,
   from fedjax_inv import executor
   pl = plan_experiment(cfg, overrides)
   out, done = open_output(pl, stream)
+  from fedjax_inv import loggers
+  pl.loggers = loggers.make_loggers(cfg.get("log") or [], out)
   rec = executor.Recorder(pl, out, stream)
   t0 = time.perf_counter()
   try:
     executor.execute(pl, out, done, rec, progress, stream)
   except KeyboardInterrupt:
     rec.status = "interrupted"
+  finally:
+    loggers.close_all(pl.loggers)
   summary = write_summary(pl, out, rec, stream)
   print(f"\nwrote {out}/ (summary.json, metrics.jsonl, results.md"
         f"{'' if pl.holdouts != [None] else ', curves.png'}) in "

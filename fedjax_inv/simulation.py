@@ -306,7 +306,8 @@ def run(task, algorithm, *, rounds: int, clients_per_round: int | None = None,
         eval_every: int | None = None, progress: bool = True, shard: bool = True,
         callback: Callable[[dict], None] | None = None,
         reporting="auto", checkpoint_dir=None,
-        checkpoint_every: int | None = None, rounds_per_call: int = 1) -> RunResult:
+        checkpoint_every: int | None = None, rounds_per_call: int = 1,
+        loggers=None, run_name: str | None = None) -> RunResult:
   """Trains ``algorithm`` on ``task`` for ``rounds`` rounds.
 
   Args:
@@ -329,6 +330,12 @@ def run(task, algorithm, *, rounds: int, clients_per_round: int | None = None,
       present and the cohort divides evenly; False: one device; an int N: the first N
       devices (:func:`device_mesh`; ``fedjax-inv run --devices N``).
     callback: called with each history entry.
+    loggers: experiment loggers (``fedjax_inv.loggers``: ``TensorBoardLogger``,
+      ``WandbLogger``, ``CsvLogger``, or any object with ``log(run, config, entry)`` and
+      ``close()``): each history entry is logged under ``run_name`` (default
+      ``'<algorithm>-seed<seed>'``) with the algorithm's hyperparameters and the seed as
+      its config; they are closed when the run ends.
+    run_name: the run's name in ``loggers``.
     reporting: what to record beyond the pooled metrics — 'auto' (default: the task's
       paper protocol, ``fedjax_inv.eval.reporting.for_task``), None (nothing), a dict of
       ``Reporting`` fields (e.g. ``{'select': ['min:ood_loss'], 'last_k': 20}``) or a
@@ -364,11 +371,26 @@ def run(task, algorithm, *, rounds: int, clients_per_round: int | None = None,
   p = prepare(task, algorithm, rounds, clients_per_round, execution, chunk_size,
               eval_every, shard, reporting, rounds_per_call)
   server, cstates = init_state(algorithm, p.model.init(seed), p.num_clients)
-  out = train_loop(p, p.round_fn, task.train, server, cstates, jax.random.key(seed),
-                   tasks=[task], algorithm=algorithm, batched=False, progress=progress,
-                   desc=f"{algorithm.name} on {task.name}",
-                   callback=None if callback is None else lambda i, e: callback(e),
-                   checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every)[0]
+  if loggers:
+    from fedjax_inv.loggers import close_all
+    name = run_name or f"{algorithm.name}-seed{seed}"
+    config = {**algorithm.hparams, "seed": seed, "task": task.name}
+    user_cb = callback
+
+    def callback(e):
+      if user_cb is not None:
+        user_cb(e)
+      for lg in loggers:
+        lg.log(name, config, e)
+  try:
+    out = train_loop(p, p.round_fn, task.train, server, cstates, jax.random.key(seed),
+                     tasks=[task], algorithm=algorithm, batched=False, progress=progress,
+                     desc=f"{algorithm.name} on {task.name}",
+                     callback=None if callback is None else lambda i, e: callback(e),
+                     checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every)[0]
+  finally:
+    if loggers:
+      close_all(loggers)
   if isinstance(out, DivergedError):
     raise out
   return out
