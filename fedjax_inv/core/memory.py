@@ -524,9 +524,10 @@ def check_fits(model, algorithm, cohort: int, n_max: int, feature_shape: Sequenc
   Call it for an *explicit* strategy before building the round, so that a configuration
   that cannot fit fails with the numbers instead of an XLA out-of-memory error.
 
+  ``model``, ``algorithm``, ``cohort``, ``n_max``, ``feature_shape``, ``strategy``,
+  ``chunk_size`` and ``num_devices`` are as in :func:`estimate_round_bytes`.
+
   Args:
-    model, algorithm, cohort, n_max, feature_shape, strategy, chunk_size, num_devices:
-      as :func:`estimate_round_bytes`.
     capacity_bytes: device memory (default :func:`device_memory_bytes`).
     fraction: usable share of it (default 0.8; leaves room for the pool and XLA).
 

@@ -449,7 +449,9 @@ def leave_one_domain_out(domains, names, holdout, *, val_fraction: float = 0.1,
     val_fraction: validation fraction per source domain, in ``[0, 1)``; with 0 there is
       no 'val' set.
     seed: seeds the splits.
-    clients_per_domain, num_clients: at most one of them (None = one client per domain).
+    clients_per_domain: clients per source domain (at most one of this and
+      ``num_clients``; both None = one client per domain).
+    num_clients: total training clients, split over the source domains.
     shared_split: all domains hold the same underlying examples in the same order
       (FedSR's RotatedMNIST): use one train/val split of the example indices for every
       domain, so no validation example appears (differently rotated) in training.

@@ -195,8 +195,8 @@ def auprc_thresholded(scores, labels, threshold: float = 0.0, batch_size: int | 
   curve through (0, 1), (TPR, precision of the positive predictions) and, unless
   TPR = 1, (1, positive rate). Use :func:`auprc` for the usual average precision.
 
-  Args:
-    scores, labels, threshold, batch_size, seed: as :func:`auroc_thresholded`.
+  Its arguments (``scores``, ``labels``, ``threshold``, ``batch_size``, ``seed``) are as in
+  :func:`auroc_thresholded`.
 
   Returns:
     A value in [0, 1] (e.g. ``(1 + π) / 2`` for all-negative predictions, ``π`` = the
@@ -373,7 +373,8 @@ def predict(model, params, data: ClientData, eval_batch: int = 2048, algorithm=N
     params: parameter pytree.
     data: ``ClientData`` with ``x [N, n_max, ...]``.
     eval_batch: examples per on-device block.
-    algorithm, seed: see :func:`build_predict`.
+    algorithm: see :func:`build_predict`.
+    seed: see :func:`build_predict`.
 
   Returns:
     ``(logits [N, n_max, K] float32, mask [N, n_max] float32)``; ``mask`` is 1.0 on real
@@ -391,8 +392,9 @@ def binary_metrics(model, params, data: ClientData, eval_batch: int = 2048,
   """AUROC, AUPRC, accuracy and loss of a binary classifier, pooled over all the real
   examples of all clients of ``data``.
 
+  ``model``, ``params``, ``eval_batch`` and ``algorithm`` are as in :func:`predict`.
+
   Args:
-    model, params, eval_batch, algorithm: see :func:`predict`.
     data: ``ClientData`` with labels in {0, 1}.
 
   Returns:

@@ -153,7 +153,8 @@ def conv_general_dilated(lhs, rhs, window_strides, padding, lhs_dilation=None,
   anything else is passed to ``lax.conv_general_dilated`` unchanged.
 
   Raises:
-    whatever ``lax.conv_general_dilated`` raises for the same arguments.
+    TypeError: whatever ``lax.conv_general_dilated`` raises for the same arguments
+      (``TypeError`` / ``ValueError`` on mismatched shapes or dimension numbers).
 
   Source: the transpose rules of a convolution (gradient w.r.t. input = correlation with
   the flipped kernel; w.r.t. kernel = correlation of input with output gradient), as in
