@@ -10,7 +10,6 @@ the CPU backend reads: on a GPU or TPU they change nothing.
 
 * only on the hosts where they were measured to help (:func:`host_wants_flags`: x86-64
   without AVX-512, a tested jaxlib);
-
 * only where the user has not set that flag (a flag already in ``XLA_FLAGS`` wins);
 * only before JAX has started its backends (XLA reads ``XLA_FLAGS`` then, not at
   ``import jax``); when they have started it adds nothing and says so in :func:`status`;
@@ -45,6 +44,21 @@ def _names(xla_flags: str) -> set[str]:
     if tok.startswith("--"):
       names.add(tok[2:].split("=", 1)[0])
   return names
+
+
+def flag_value(name: str, xla_flags: str | None = None) -> str | None:
+  """The value of ``--name=...`` in ``xla_flags`` (default: the environment's
+  ``XLA_FLAGS``; the last occurrence wins, as in XLA's parser), or None when absent.
+
+  Raises:
+    ValueError: unbalanced quotes in ``xla_flags``.
+  """
+  flags = os.environ.get("XLA_FLAGS", "") if xla_flags is None else xla_flags
+  value = None
+  for tok in shlex.split(flags):
+    if tok.startswith(f"--{name}="):
+      value = tok.split("=", 1)[1]
+  return value
 
 
 def backends_started() -> bool:

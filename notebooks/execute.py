@@ -19,7 +19,6 @@ import hashlib
 import json
 import os
 import pathlib
-import platform
 import sys
 import tempfile
 
@@ -35,17 +34,6 @@ def code_sha256(nb: dict) -> str:
   return hashlib.sha256(json.dumps(src).encode()).hexdigest()
 
 
-def _cpu() -> str:
-  try:
-    with open("/proc/cpuinfo") as f:
-      for line in f:
-        if line.startswith("model name"):
-          return line.split(":", 1)[1].strip()
-  except OSError:
-    pass
-  return platform.processor() or platform.machine()
-
-
 def execute(path: pathlib.Path, size: str, timeout: int = 1800) -> dict:
   """Runs ``path`` in a fresh kernel at ``size``; writes it back with outputs. Returns
   the ``metadata.fedjax_inv`` record.
@@ -56,6 +44,7 @@ def execute(path: pathlib.Path, size: str, timeout: int = 1800) -> dict:
   import jax
   import nbclient
   import nbformat
+  from fedjax_inv.benchmarks.harness import machine_info
   with tempfile.TemporaryDirectory() as tmp:
     spec = pathlib.Path(tmp) / "jupyter" / "kernels" / "fedjax-inv-exec"
     spec.mkdir(parents=True)
@@ -73,7 +62,7 @@ def execute(path: pathlib.Path, size: str, timeout: int = 1800) -> dict:
   record = dict(code_sha256=code_sha256(nb), size=size,
                 executed=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 jax=jax.__version__, backend=jax.default_backend(),
-                machine=f"{_cpu()}, {os.cpu_count()} cores")
+                machine="{cpu}, {cores} cores".format(**machine_info()))
   nb.metadata["fedjax_inv"] = record
   nb.metadata["kernelspec"] = {"display_name": "Python 3", "language": "python",
                                "name": "python3"}

@@ -139,3 +139,11 @@ def test_results_with_and_without_the_flags_agree(flags):
   for x, y in zip(a["leaves"], b["leaves"], strict=True):
     np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-5)  # 5 SGD steps in float32
   np.testing.assert_allclose(a["loss"], b["loss"], rtol=1e-4)
+
+
+def test_flag_value_reads_the_last_occurrence():
+  flags = "--xla_a=1 --xla_force_host_platform_device_count=8 --xla_a='x y'"
+  assert xla_cpu.flag_value("xla_a", flags) == "x y"
+  assert xla_cpu.flag_value("xla_b", flags) is None
+  with pytest.raises(ValueError):
+    xla_cpu.flag_value("xla_a", '--xla_a="b')

@@ -25,7 +25,6 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-import os
 
 import jax
 import jax.numpy as jnp
@@ -51,11 +50,8 @@ def eigen_convolutions(xla_flags: str | None = None) -> bool:
   """Whether ``XLA_FLAGS`` (default: the environment's) turns YNNPACK's standalone
   convolutions off (``--xla_cpu_experimental_ynn_fusion_type`` without
   ``individual_convolution``, or with ``-individual_convolution``)."""
-  flags = os.environ.get("XLA_FLAGS", "") if xla_flags is None else xla_flags
-  value = None
-  for tok in flags.split():
-    if tok.startswith("--xla_cpu_experimental_ynn_fusion_type="):
-      value = tok.split("=", 1)[1]  # the last one wins, as in XLA's parser
+  from fedjax_inv.xla_cpu import flag_value
+  value = flag_value("xla_cpu_experimental_ynn_fusion_type", xla_flags)
   if value is None:
     return False
   items = [i for i in value.split(",") if i]

@@ -63,27 +63,23 @@ def _window_max_bwd(res, g):
   order, as ``select_and_scatter`` (``nnx.max_pool``'s gradient) gives it: one fused
   elementwise pass, instead of JAX's rule for ``max`` (count the ties, divide)."""
   xw, y = res
-  nd = (xw.ndim - 2) // 2
   window = xw.shape[2:-1:2]
-  taken = None
+  taken = jnp.zeros(y.shape, bool)
   parts = {}
-  for pos in itertools.product(*(range(k) for k in window)):
+  for pos in itertools.product(*(range(k) for k in window)):  # row-major window order
     idx = [slice(None)] * xw.ndim
     for i, p in enumerate(pos):
       idx[2 + 2 * i] = p
-    hit = xw[tuple(idx)] == y
-    if taken is not None:
-      hit = hit & ~taken
-    taken = hit if taken is None else taken | hit
+    hit = (xw[tuple(idx)] == y) & ~taken
+    taken = taken | hit
     parts[pos] = jnp.where(hit, g, jnp.zeros_like(g))
 
-  def assemble(prefix, axis_i):  # nest the window positions back, axis by axis
-    if axis_i == nd:
+  def assemble(prefix):  # window axis i goes back right after output axis i
+    i = len(prefix)
+    if i == len(window):
       return parts[prefix]
-    return jnp.stack([assemble(prefix + (p,), axis_i + 1) for p in range(window[axis_i])],
-                     axis=2 + 2 * axis_i - axis_i)
-  dx = assemble((), 0)
-  return (dx.reshape(xw.shape),)
+    return jnp.stack([assemble(prefix + (p,)) for p in range(window[i])], axis=2 + i)
+  return (assemble(()),)
 
 
 _window_max.defvjp(_window_max_fwd, _window_max_bwd)
