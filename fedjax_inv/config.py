@@ -37,9 +37,11 @@ RUN_KEYS = {  # config key -> (type, help); every help states the default
     "seed": (int, "first seed >= 0; default 0"),
     "seeds": (int, "number of seeds (seed, seed+1, ...) >= 1; default 1 (3 for the bare "
                    "comparison)"),
-    "execution": (str, "auto | vmap | scan | chunked | probe (time the strategies on the "
-                       "first rounds, keep the fastest, record it in summary.json); "
-                       "default auto"),
+    "execution": (str, "auto (the strategy measured fastest for this round on this "
+                       "device: cached, or measured for runs of >= 50 rounds, else the "
+                       "fixed rule) | rule (the fixed rule, no measurement) | probe "
+                       "(measure now, refresh the cache) | vmap | scan | chunked; the "
+                       "choice is in summary.json; default auto"),
     "chunk_size": (int, "clients per chunk for --execution chunked (>= 1); default: auto"),
     "devices": (str, "all | N: shard the client axis over all local devices or the first N "
                      "of jax.devices() (the cohort must divide evenly; 1 = no sharding); "
@@ -102,7 +104,7 @@ _CHECKS = {
     # the hyperparameter flags: their rule is the schema's (algorithms/schema.py)
     "lr": ("hparam", None), "server_lr": ("hparam", None), "tau": ("hparam", None),
     "local_steps": ("hparam", None), "client_optimizer": ("hparam", None),
-    "execution": ("choice", ("auto", "vmap", "scan", "chunked", "probe")),
+    "execution": ("choice", ("auto", "rule", "vmap", "scan", "chunked", "probe")),
     "devices": ("devices", None), "log": ("loggers", None),
     "replicas": ("choice", ("auto", "batched", "sequential")),
     "source": ("choice", ("auto", "raw", "tfds", "bundled")),

@@ -341,7 +341,7 @@ def plan_experiment(cfg: dict, overrides=None, *, task_kwargs=None, seeds=None,
     raise ValueError(f"--resume {str(resume)!r}: no config.json there; give the folder "
                      "of an earlier `fedjax-inv run`.")
   out = pathlib.Path(resume or cfg.get("out")) if resume or cfg.get("out") else None
-  if (cfg.get("execution") or "auto") != "probe":
+  if (cfg.get("execution") or "auto") not in ("probe", "rule"):
     resolve_strategy(cfg.get("execution") or "auto", 1)
   # cfg's own lr / hp / ... keys count (API calls with a config dict), then ``overrides``
   derived = config.algorithm_overrides(cfg)

@@ -126,7 +126,8 @@ def run_replicas(task, algorithm, *, seeds, rounds: int,
     raise ValueError(f"seeds={seeds}; give one or more distinct integer seeds (per task).")
   simulation.check_checkpoint_every(checkpoint_every)
   p = simulation.prepare(task, algorithm, rounds, clients_per_round, execution,
-                         chunk_size, eval_every, shard, reporting, rounds_per_call)
+                         chunk_size, eval_every, shard, reporting, rounds_per_call,
+                         measure=False)  # one batched program: the fixed rule
   vround = batched_round(p.round_fn, per_replica_data=tasks is not None)
   data = task.train if tasks is None else _stack([t.train for t in tasks])
   server, cstates, keys = stacked_state(algorithm, p.model, p.num_clients, seeds, hparams)

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_inv import checkpoint
+from fedjax_inv import auto_strategy, checkpoint
 from fedjax_inv.core import multihost
 from fedjax_inv.core.engine import build_round, client_mesh, init_state
 from fedjax_inv.eval import build_evaluator, summarize
@@ -42,8 +42,9 @@ class RunResult:
     last_k_mean: metrics averaged over the last ``reporting.last_k`` rounds
       (``fedjax_inv.eval.reporting.last_k_mean``), or None.
     reporting: the resolved ``Reporting`` as a dict.
-    probe: with ``execution='probe'``, the chosen strategy and each candidate's measured
-      seconds per round (:func:`probe_strategy`); else None.
+    probe: with ``execution`` 'auto' / 'probe' / 'rule', how the strategy was chosen
+      (``{'chosen', 'by': 'cache' | 'measured' | 'rule', 'seconds_per_round', ...}``,
+      :func:`fedjax_inv.auto_strategy.choose`); None for an explicit strategy.
   """
   history: list
   final: dict
@@ -209,55 +210,17 @@ def warn_short_schedule(algorithm, rounds: int) -> str | None:
   return msg
 
 
-PROBE_ROUNDS = 2  # timed rounds per candidate strategy of execution='probe'
-
-
-def probe_strategy(task, model, algorithm, cohort: int, chunk_size=None, mesh=None):
-  """``execution='probe'`` (issue 13, a measured ``auto``): builds the round with each
-  candidate strategy — 'scan' and 'vmap', and 'chunked' when ``cohort`` > 64 — times
-  ``PROBE_ROUNDS`` rounds of each from the initial state (after one compiling round;
-  the run itself starts afresh), and keeps the fastest. A candidate that does not fit
-  in memory (``core/memory.py``) is skipped. Costs one compile per candidate.
-
-  Returns:
-    ``(round_fn, {'chosen': strategy, 'seconds_per_round': {strategy: s}})``.
-  """
-  from fedjax_inv.core import memory
-  server, cstates = init_state(algorithm, model.init(0), task.train.num_clients)
-  key = jax.random.key(0)
-  candidates = ["scan", "vmap"] + (["chunked"] if cohort > 64 else [])
-  built, times = {}, {}
-  for c in candidates:
-    try:
-      fn = build_round(model, task.kind, algorithm, task.train.num_clients, cohort,
-                       execution=c, chunk_size=chunk_size, mesh=mesh,
-                       feature_shape=task.train.feature_shape, n_max=task.train.n_max)
-    except memory.DoesNotFitError:
-      continue
-    copy = lambda t: jax.tree.map(lambda a: jnp.array(a, copy=True), t)  # noqa: E731
-    st = fn(server, copy(cstates), task.train, key)[:2]  # compiles
-    jax.block_until_ready(st)
-    t = time.perf_counter()
-    for _ in range(PROBE_ROUNDS):
-      st = fn(*st, task.train, key)[:2]
-    jax.block_until_ready(st)
-    built[c], times[c] = fn, (time.perf_counter() - t) / PROBE_ROUNDS
-  if not built:
-    raise memory.DoesNotFitError("execution='probe': no strategy fits in memory; lower "
-                                 "clients_per_round.")
-  chosen = min(times, key=times.get)
-  return built[chosen], {"chosen": chosen, "seconds_per_round": times}
-
-
 def prepare(task, algorithm, rounds, clients_per_round, execution, chunk_size,
-            eval_every, shard, reporting, rounds_per_call):
+            eval_every, shard, reporting, rounds_per_call, measure: bool = True):
   """Checks a run's settings and builds its jitted pieces (shared by :func:`run` and
   ``fedjax_inv.replicas.run_replicas``); every check happens before any compile.
 
   Returns:
     a namespace: ``rounds``, ``num_clients``, ``cohort``, ``rep`` (resolved reporting),
     ``schedule`` (set of evaluated rounds), ``model``, ``round_fn``, ``rounds_per_call``,
-    ``evaluate``, ``predict_fn`` (or None), ``probe`` (or None).
+    ``evaluate``, ``predict_fn`` (or None), ``probe`` (how 'auto' / 'probe' / 'rule'
+    chose the strategy, :func:`fedjax_inv.auto_strategy.choose`; None for an explicit
+    strategy). ``measure=False`` (a batch of replicas): 'auto' takes the fixed rule.
 
   Raises:
     ValueError: as :func:`run`.
@@ -285,13 +248,24 @@ def prepare(task, algorithm, rounds, clients_per_round, execution, chunk_size,
   schedule = set(reporting_lib.eval_rounds(rounds, int(eval_every), rep.last_k))
   mesh = device_mesh(shard, cohort)
   model = algorithm.model_for(task.model)
+  def build(strategy):
+    return build_round(model, task.kind, algorithm, num_clients, cohort,
+                       execution=strategy, chunk_size=chunk_size, mesh=mesh,
+                       feature_shape=task.train.feature_shape, n_max=task.train.n_max)
+
   probe = None
-  if execution == "probe":
-    round_fn, probe = probe_strategy(task, model, algorithm, cohort, chunk_size, mesh)
+  if execution in auto_strategy.MODES:
+    # 'auto' by measurement with a cache, 'probe' (measure now) or 'rule' (the fixed
+    # rule); every process of a multi-process run, and a batch of replicas, takes the
+    # fixed rule (one program for all; fedjax_inv/auto_strategy.py).
+    mode = execution if measure and jax.process_count() == 1 else "rule"
+    server, cstates = (init_state(algorithm, model.init(0), num_clients)
+                       if mode != "rule" else (None, None))
+    round_fn, probe = auto_strategy.choose(
+        mode, task, model, algorithm, cohort, rounds, build, server, cstates,
+        num_devices=mesh.devices.size if mesh is not None else 1)
   else:
-    round_fn = build_round(model, task.kind, algorithm, num_clients, cohort,
-                           execution=execution, chunk_size=chunk_size, mesh=mesh,
-                           feature_shape=task.train.feature_shape, n_max=task.train.n_max)
+    round_fn = build(execution)
   evaluate = build_evaluator(model, task.kind, algorithm)
   predict_fn = build_predict(model, algorithm) if rep.ranking else None
   return types.SimpleNamespace(
@@ -318,9 +292,12 @@ def run(task, algorithm, *, rounds: int, clients_per_round: int | None = None,
     clients_per_round: cohort size C (default: all training clients).
     seed: initializes the model (``seed``) and drives sampling/minibatches; the same seed
       gives bit-identical metrics on the same machine.
-    execution: 'auto' | 'vmap' | 'scan' | 'chunked' | 'probe' (time the candidate
-      strategies on this task for a few rounds and keep the fastest,
-      :func:`probe_strategy`; recorded in ``RunResult.probe``).
+    execution: 'auto' (default: the strategy measured fastest for this round shape on
+      this device, from the cache, or measured now for a run of at least
+      ``auto_strategy.MEASURE_MIN_ROUNDS`` rounds, else the fixed rule;
+      ``fedjax_inv/auto_strategy.py``) | 'rule' (the fixed rule, no measurement) |
+      'probe' (measure now, refresh the cache) | 'vmap' | 'scan' | 'chunked'. How the
+      strategy was chosen is in ``RunResult.probe``.
     eval_every: evaluate every this many rounds (default ``max(1, rounds // 20)``); the
       last round, and each of the last ``reporting.last_k`` rounds, are always evaluated
       (``fedjax_inv.eval.reporting.eval_rounds``).

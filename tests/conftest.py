@@ -1,8 +1,19 @@
+import atexit
+import os
+import shutil
+import tempfile
+
 import numpy as np
 import pytest
 
-from fedjax_inv import models
-from fedjax_inv.core.data import from_client_arrays
+# execution='auto' caches its measured strategy (fedjax_inv/auto_strategy.py): the suite
+# (and the CLI subprocesses it starts) uses a cache of its own, never the user's.
+if "FEDJAX_INV_CACHE_DIR" not in os.environ:
+  os.environ["FEDJAX_INV_CACHE_DIR"] = _CACHE = tempfile.mkdtemp(prefix="fedjax_inv_cache_")
+  atexit.register(shutil.rmtree, _CACHE, True)  # ours: made just above
+
+from fedjax_inv import models  # noqa: E402
+from fedjax_inv.core.data import from_client_arrays  # noqa: E402
 
 
 @pytest.fixture(scope="session")

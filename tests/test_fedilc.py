@@ -21,7 +21,7 @@ from fedjax_inv.algorithms import fedcurv, fedilc, fedsgd_type, fishr
 from fedjax_inv.core import losses
 from fedjax_inv.core.algorithm import Batch, Context, Objective
 from fedjax_inv.core.data import ClientData
-from fedjax_inv.core.engine import build_round, init_state
+from fedjax_inv.core.engine import build_round, full_batch, init_state
 from tests import reference as oracle
 from tests.reference import batch_indices, round_keys, tmap
 from tests.trees import max_abs_diff
@@ -385,7 +385,7 @@ def test_fedcurv_shoham_equals_python_loop(strategy):
   # The server sums are the sums over the pool of every client's latest contribution.
   for key in ("f", "f_theta", "f_theta2"):
     pool_sum = jax.tree.map(lambda a: jnp.sum(a, axis=0), cs["fedcurv"][key])
-    _assert_trees_close(server.opt_state["fedcurv"][key], pool_sum, 1e-4, 1e-7)
+    _assert_trees_close(server.extras["fedcurv"][key], pool_sum, 1e-4, 1e-7)
 
 
 def test_fedcurv_penalty_is_active():
@@ -441,12 +441,12 @@ def test_fishr_protocol_equals_jax_grad_of_penalty():
       return agg.finalize(tmap(lambda a: jnp.sum(a, axis=0), lifted))
 
     ctx = ctx_with(comp.init_server(p))
-    mean = summed(comp.pre_aggregator,
-                  lambda x, y, n: comp.pre_message(model, "binary", p, (x, y, n), ctx, key))
+    mean = summed(comp.pre_aggregator, lambda x, y, n: comp.pre_message(
+        model, "binary", p, full_batch(x, y, n), ctx, key))
     state = comp.pre_update(ctx.extras["fishr"], mean, ctx)
     ctx = ctx_with(state)
     return state, summed(comp.aggregator, lambda x, y, n: comp.message(
-        model, "binary", p, p, (x, y, n), ctx, key)[0])
+        model, "binary", p, full_batch(x, y, n), ctx, key))
 
   state, got = protocol(params, data.x, data.y, data.n)
   ctx = ctx_with(state)
@@ -457,8 +457,7 @@ def test_fishr_protocol_equals_jax_grad_of_penalty():
   assert feat_norm > 1e-10
   # The server stage adds λ · mean VJP to the pseudo-gradient.
   pg = tmap(jnp.ones_like, params)
-  out, _ = fedilc.fishr_component(2.5, "mean").server_stage.update(
-      pg, optax.EmptyState(), params, messages={"fishr": got}, ctx=ctx)
+  out, _ = fedilc.fishr_component(2.5, "mean").server_stage(pg, state, {"fishr": got}, ctx)
   _assert_trees_close(out, tmap(lambda g: 1.0 + 2.5 * g, got), rtol=1e-6, atol=1e-7)
 
 
@@ -610,8 +609,8 @@ def test_fishr_rejects_regression_before_running():
   """Fishr's C_e needs class likelihoods; the error names the kind."""
   model = _DATA["tiny"][1]
   with pytest.raises(ValueError, match="regression"):
-    fishr.client_grad_variance(model, "regression", model.init(0), jnp.zeros((3, 6)),
-                                jnp.zeros((3,)), jnp.int32(3))
+    fishr.client_grad_variance(model, "regression", model.init(0),
+                               full_batch(jnp.zeros((3, 6)), jnp.zeros((3,)), jnp.int32(3)))
 
 
 @pytest.mark.parametrize("kind,outputs", [("binary", 1), ("multiclass", 4)])

@@ -167,8 +167,7 @@ def test_fishr_sum_scale_closed_form():
     comp = fedilc.fishr_component(2.0, reduction)
     state = comp.pre_update(comp.init_server(params), mean, _ctx(params, None, e))
     np.testing.assert_allclose(float(state["penalty"]), direct * factor, rtol=1e-5)
-    out, _ = comp.server_stage.update(pg, optax.EmptyState(), params,
-                                      messages={"fishr": vjp}, ctx=_ctx(params, state, e))
+    out, _ = comp.server_stage(pg, state, {"fishr": vjp}, _ctx(params, state, e))
     scale = 2.0 * (e if reduction == "sum" else 1.0)
     chex.assert_trees_all_close(
         out, jax.tree.map(lambda p: jnp.full_like(p, 1.0 + scale * 0.5), params), rtol=1e-6)

@@ -470,15 +470,14 @@ def test_defaults_and_hparams():
 
 
 def test_local_reference_updates_client_state_without_a_message(tiny_multiclass):
-  """Issue 22: r_mode='local' updates each client's r and sends nothing (a message of
-  None, no aggregator), instead of an empty message through a 'none' aggregator."""
+  """Issue 22: r_mode='local' updates each client's r (its client-state hook) and sends no
+  message at all (no message hook, no aggregator)."""
   c = fedsr_component(alpha_l2r=0.0, alpha_cmi=0.1, r_mode="local")
-  assert c.aggregator is None and c.message is not None
+  assert c.aggregator is None and c.message is None and c.update_client is not None
   p = fedsr_model(tiny_multiclass.model, z_dim=Z).init(0)
   moved = jax.tree.map(lambda a: a + 1.0, p)
   ctx = _ctx(p, client_ref=c.init_client(p))
-  msg, r_new = c.message(None, "multiclass", p, moved, None, ctx, None)
-  assert msg is None
+  r_new = c.update_client(None, "multiclass", moved, None, ctx, None)
   chex.assert_trees_all_close(r_new, jax.tree.map(lambda a: a + 1.0, p["reference"]))
 
 

@@ -1,6 +1,8 @@
-"""Client and server chains (issue 14): a component's ``client_stage`` / ``server_stage`` is
-an optax transformation in ``Algorithm.client_chain()`` / ``server_chain()``, whose order is
-the algorithm; a stage's state is the component's server state the clients read."""
+"""Client and server stages (issues 14, 22): a component's ``client_stage`` runs before the
+client optimizer, its ``server_stage`` before the server optimizer, in component order.
+A stage is a plain function (a server stage updates the component's own server state,
+``init_server``, the only home clients read) or, when it needs no messages, any optax
+transformation."""
 import chex
 import jax
 import jax.numpy as jnp
@@ -8,7 +10,7 @@ import optax
 import pytest
 
 from fedjax_inv.algorithms import make_algorithm
-from fedjax_inv.core.algorithm import Component, client_stage, server_stage
+from fedjax_inv.core.algorithm import Component, client_stage
 from fedjax_inv.core.engine import build_round, init_state
 from tests.trees import max_abs_diff
 
@@ -27,14 +29,18 @@ def _close(a, b, rtol=1e-5, atol=1e-7):
 
 
 @pytest.mark.slow
-def test_a_server_stage_scaling_the_pseudo_gradient_equals_a_smaller_server_lr(tiny_binary):
-  """chain(scale 0.5, sgd(1)) = sgd(0.5): the stage runs before the server optimizer."""
+@pytest.mark.parametrize("stage", [
+    optax.scale(0.5),  # an ordinary optax transformation, usable outside the engine
+    lambda pg, state, messages, ctx: (jax.tree.map(lambda g: 0.5 * g, pg), state)])
+def test_a_server_stage_scaling_the_pseudo_gradient_equals_a_smaller_server_lr(
+    tiny_binary, stage):
+  """stage 0.5, then sgd(1) = sgd(0.5): the stage runs before the server optimizer."""
   data, model = tiny_binary
-  half = Component("half", server_stage=server_stage(
-      lambda pg, state, messages, ctx: (jax.tree.map(lambda g: 0.5 * g, pg), state)))
   kw = dict(client_lr=0.1, local_steps=2, batch_size=8)
-  staged = make_algorithm("fedavg", **kw).with_component(half)
-  assert list(staged.server_chain().init(model.init(0))) == ["half", "server_optimizer"]
+  staged = make_algorithm("fedavg", **kw).with_component(Component("half", server_stage=stage))
+  assert list(staged.server_optimizer_state(model.init(0))) == (
+      ["half", "server_optimizer"] if isinstance(stage, optax.GradientTransformation)
+      else ["server_optimizer"])
   _close(_rounds(staged, data, model).params,
          _rounds(make_algorithm("fedavg", server_lr=0.5, **kw), data, model).params)
   # ... and it did something: the full step differs.
@@ -42,53 +48,50 @@ def test_a_server_stage_scaling_the_pseudo_gradient_equals_a_smaller_server_lr(t
   assert max_abs_diff(full, _rounds(staged, data, model).params) > 1e-5
 
 
-def test_a_client_stage_runs_before_the_client_optimizer(tiny_binary):
+@pytest.mark.parametrize("stage", [
+    lambda g, ctx: jax.tree.map(lambda a: 2.0 * a, g),  # a function (grads, ctx) -> grads
+    optax.scale(2.0)])  # or an optax transformation
+def test_a_client_stage_runs_before_the_client_optimizer(tiny_binary, stage):
   """A client stage doubling the gradient = the client optimizer at twice the rate (SGD)."""
   data, model = tiny_binary
-  double = Component("double", client_stage=client_stage(
-      lambda g, ctx: jax.tree.map(lambda a: 2.0 * a, g)))
   staged = make_algorithm("fedavg", client_lr=0.05, local_steps=3,
-                          batch_size=8).with_component(double)
+                          batch_size=8).with_component(Component("double", client_stage=stage))
   assert list(staged.client_chain().init(model.init(0))) == ["double", "client_optimizer"]
   _close(_rounds(staged, data, model).params,
          _rounds(make_algorithm("fedavg", client_lr=0.1, local_steps=3, batch_size=8),
                  data, model).params, rtol=1e-4, atol=1e-6)
 
 
-def test_scaffold_control_variate_is_its_stage_state(tiny_binary):
-  """SCAFFOLD's server c lives once, in opt_state['scaffold']; with the whole pool sampled
-  it is the uniform mean of the clients' c_i after each round (Alg. 1, |S| = N)."""
+def test_scaffold_control_variate_is_its_server_state(tiny_binary):
+  """SCAFFOLD's server c lives once, in its component server state (extras['scaffold'],
+  what clients read); with the whole pool sampled it is the uniform mean of the clients'
+  c_i after each round (Alg. 1, |S| = N)."""
   data, model = tiny_binary
   alg = make_algorithm("scaffold", client_lr=0.1, local_steps=3, batch_size=8)
   rf = build_round(model, "binary", alg, data.num_clients, data.num_clients,
                    execution="vmap")
   server, cs = init_state(alg, model.init(0), data.num_clients)
-  assert "scaffold" not in server.extras
+  assert list(server.opt_state) == ["server_optimizer"]
   for _ in range(2):
     server, cs, _ = rf(server, cs, data, jax.random.key(0))
   mean_ci = jax.tree.map(lambda a: jnp.mean(a, axis=0), cs["scaffold"])
-  _close(server.opt_state["scaffold"], mean_ci, rtol=1e-4, atol=1e-6)
+  _close(server.extras["scaffold"], mean_ci, rtol=1e-4, atol=1e-6)
   assert max(float(jnp.max(jnp.abs(a))) for a in jax.tree.leaves(mean_ci)) > 1e-4
 
 
 def test_stage_errors_name_the_fix(tiny_binary):
-  data, model = tiny_binary
-  stage = server_stage(lambda pg, s, m, ctx: (pg, s))
-  with pytest.raises(TypeError, match="messages="):
-    stage.update({"a": jnp.ones(2)}, optax.EmptyState(), None)
   with pytest.raises(TypeError, match="ctx="):
     client_stage(lambda g, ctx: g).update({"a": jnp.ones(2)}, optax.EmptyState(), None)
   base = make_algorithm("fedavg")
-  with pytest.raises(TypeError, match="server_stage must be an optax"):
-    base.with_component(Component("bad", server_stage=lambda pg: pg))
-  with pytest.raises(TypeError, match="client_stage must be an optax"):
-    base.with_component(Component("bad", client_stage=lambda g, ctx: g))
+  with pytest.raises(TypeError, match="server_stage must be a function or an optax"):
+    base.with_component(Component("bad", server_stage=3))
+  with pytest.raises(TypeError, match="client_stage must be a function or an optax"):
+    base.with_component(Component("bad", client_stage="scale"))
   with pytest.raises(ValueError, match="names the server optimizer"):
     base.with_component(Component("server_optimizer"))
-  twice = Component("twice", init_server=lambda p: jnp.zeros(()), server_stage=server_stage(
-      lambda pg, s, m, ctx: (pg, s), init=lambda p: jnp.zeros(3)))
-  with pytest.raises(ValueError, match="keeps server state twice"):
-    init_state(base.with_component(twice), model.init(0), data.num_clients)
+  with pytest.raises(ValueError, match="has no init_server"):
+    base.with_component(Component("p", pre_message=lambda *a: 0.0,
+                                  pre_update=lambda s, a, c: s))
 
 
 def test_changing_local_steps_after_building_is_refused():

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 from fedjax_inv import penalties
 from fedjax_inv.algorithms.base import (FEDSGD_CLIENT_RECIPE, FEDSGD_FIXED, build, register,
                                         uniform_mean)
-from fedjax_inv.core.algorithm import Component, client_stage, hparam, server_stage
+from fedjax_inv.core.algorithm import Component, hparam
 
 
 @register("fedavg", paper="McMahan et al. 2017, Alg. 1",
@@ -60,30 +60,35 @@ def scaffold_component(local_steps: int, client_lr: float) -> Component:
   local_steps`` plain SGD steps of rate ``η_l = client_lr`` (a sweep's traced rate wins).
 
   Client step: ``y ← y − η_l (g(y) − c_i + c)``. After K steps:
-  ``c_i⁺ = c_i − c + (x − y)/(K η_l)``; message ``Δc_i = c_i⁺ − c_i``. Server stage
-  (before the server optimizer, pseudo-gradient unchanged):
-  ``c ← c + (|S|/N) · mean_{i∈S} Δc_i`` (unweighted mean); ``c`` is the stage's state,
-  broadcast as ``ctx.extras['scaffold']``. Per-client ``c_i`` persist in the pool state
-  ``[N, ...]``.
+  ``c_i⁺ = c_i − c + (x − y)/(K η_l)`` (the client's new state); message
+  ``Δc_i = c_i⁺ − c_i``. Server stage (before the server optimizer, pseudo-gradient
+  unchanged): ``c ← c + (|S|/N) · mean_{i∈S} Δc_i`` (unweighted mean); ``c`` is the
+  component's server state, broadcast as ``ctx.extras['scaffold']``. Per-client ``c_i``
+  persist in the pool state ``[N, ...]``.
   """
   def correct(grads, ctx):  # client stage, before the client optimizer (Alg. 1 l. 10)
     return jax.tree.map(lambda g, c, ci: g - ci + c, grads, ctx.extras["scaffold"],
                         ctx.client["scaffold"])
 
-  def message(model, kind, params0, params, data, ctx, key):
+  def new_control(model, kind, params, batch, ctx, key):  # Alg. 1 l. 12, option II
     c, ci = ctx.extras["scaffold"], ctx.client["scaffold"]
     step = local_steps * hparam(ctx, "client_lr", client_lr)
-    ci_new = jax.tree.map(lambda ci, c, x, y: ci - c + (x - y) / step, ci, c, params0, params)
-    return jax.tree.map(jnp.subtract, ci_new, ci), ci_new
+    return jax.tree.map(lambda ci, c, x, y: ci - c + (x - y) / step, ci, c, ctx.params,
+                        params)
 
-  def control_update(pseudo_grad, c, messages, ctx):
+  def message(model, kind, params, batch, ctx, key):  # Δc_i
+    return jax.tree.map(jnp.subtract, new_control(model, kind, params, batch, ctx, key),
+                        ctx.client["scaffold"])
+
+  def control_update(pseudo_grad, c, messages, ctx):  # Alg. 1 l. 17
     frac = ctx.cohort / ctx.num_clients
     return pseudo_grad, jax.tree.map(lambda c, d: c + frac * d, c, messages["scaffold"])
 
   zeros = lambda params: jax.tree.map(jnp.zeros_like, params)  # noqa: E731
-  return Component(name="scaffold", init_client=zeros, client_stage=client_stage(correct),
+  return Component(name="scaffold", client_stage=correct,
+                   init_client=zeros, update_client=new_control,
                    message=message, aggregator=uniform_mean(),
-                   server_stage=server_stage(control_update, init=zeros))
+                   init_server=zeros, server_stage=control_update)
 
 
 @register("scaffold", paper="Karimireddy et al. 2020 (SCAFFOLD), Alg. 1 option II",

@@ -15,7 +15,7 @@ from fedjax_inv.algorithms import base
 from fedjax_inv.algorithms.base import register
 from fedjax_inv.algorithms.fedsgd_type import server_settings
 from fedjax_inv.core import losses
-from fedjax_inv.core.algorithm import WEIGHTINGS, Algorithm, Component, server_stage
+from fedjax_inv.core.algorithm import WEIGHTINGS, Algorithm, Batch, Component
 from fedjax_inv.core.validation import choice as _choice, nonneg as _nonneg
 from fedjax_inv.core.validation import pos_int as _pos_int, positive as _positive
 
@@ -27,7 +27,7 @@ PyTree = Any
 # ---------------------------------------------------------------------------------------
 
 
-def diagonal_fisher(model, kind: str, params: PyTree, x, y, n, chunk: int = 64) -> PyTree:
+def diagonal_fisher(model, kind: str, params: PyTree, batch: Batch, chunk: int = 64) -> PyTree:
   """Empirical diagonal Fisher information of one client at ``params``.
 
   ``F = (1/n) Σ_i (∇_θ ℓ_i(θ))²`` over the client's ``n`` real examples, with
@@ -39,7 +39,8 @@ def diagonal_fisher(model, kind: str, params: PyTree, x, y, n, chunk: int = 64) 
 
   Args:
     model: ``FunctionalModel``; kind: task loss kind; params: pytree.
-    x: ``[n_max, ...]`` padded inputs; y: ``[n_max]``; n: int32 true size.
+    batch: the client's data, ``Batch(x [n_max, ...], y [n_max], w [n_max])`` (``w``
+      1.0 real, 0.0 padding).
     chunk: examples per vectorized chunk.
 
   Returns:
@@ -51,8 +52,6 @@ def diagonal_fisher(model, kind: str, params: PyTree, x, y, n, chunk: int = 64) 
   Source: Shoham et al. 2019 §3-4 (diag(I_{t,j}), the Fisher of EWC, Kirkpatrick et al.
   2017).
   """
-  w = (jnp.arange(x.shape[0]) < n).astype(jnp.float32)
-
   def one(xi, yi, wi):
     keep = wi > 0
     xi = jnp.where(keep, xi, jnp.zeros_like(xi))
@@ -63,7 +62,7 @@ def diagonal_fisher(model, kind: str, params: PyTree, x, y, n, chunk: int = 64) 
     g = jax.grad(nll)(params)
     return jax.tree.map(lambda a: jnp.where(keep, wi * a * a, 0.0), g), wi
 
-  total, wsum = penalties.sum_over_examples(one, x, y, w, chunk)
+  total, wsum = penalties.sum_over_examples(one, batch.x, batch.y, batch.w, chunk)
   return jax.tree.map(lambda t: t / jnp.maximum(wsum, 1e-12), total)
 
 
@@ -129,20 +128,21 @@ def fedcurv_component(curv_lambda: float, fisher_chunk: int = 64) -> Component:
   def loss(model, kind, params, batch, fwd, ctx, key):
     return lam * fedcurv_penalty(params, ctx.extras["fedcurv"], ctx.client["fedcurv"])
 
-  def message(model, kind, params0, params, data, ctx, key):
-    x, y, n = data
-    f = diagonal_fisher(model, kind, params, x, y, n, chunk)
-    new = {"f": f, "f_theta": jax.tree.map(jnp.multiply, f, params),
-           "f_theta2": jax.tree.map(lambda a, t: a * t * t, f, params)}
-    old = ctx.client["fedcurv"]
-    return jax.tree.map(jnp.subtract, new, old), new
+  def contribution(model, kind, params, batch, ctx, key):  # the client's new state
+    f = diagonal_fisher(model, kind, params, batch, chunk)
+    return {"f": f, "f_theta": jax.tree.map(jnp.multiply, f, params),
+            "f_theta2": jax.tree.map(lambda a, t: a * t * t, f, params)}
+
+  def message(model, kind, params, batch, ctx, key):  # new contribution minus the old
+    return jax.tree.map(jnp.subtract, contribution(model, kind, params, batch, ctx, key),
+                        ctx.client["fedcurv"])
 
   def pool_sums(pseudo_grad, state, messages, ctx):  # server stage; pseudo-grad unchanged
     return pseudo_grad, jax.tree.map(jnp.add, state, messages["fedcurv"])
 
-  return Component(name="fedcurv", init_client=zeros, loss=loss, message=message,
-                   aggregator=_sum_aggregator(),
-                   server_stage=server_stage(pool_sums, init=zeros))
+  return Component(name="fedcurv", loss=loss, init_client=zeros,
+                   update_client=contribution, message=message,
+                   aggregator=_sum_aggregator(), init_server=zeros, server_stage=pool_sums)
 
 
 @register("fedcurv_shoham", paper="Shoham et al. 2019 (FedCurv)",

@@ -4,6 +4,7 @@ any registered base: each client also sends ``Δ_k`` to a sign-agreement reducti
 optimizer (``mask_at='update'``, Alg. 1 l. 14) or before it (``'pseudo_gradient'``); the
 choices (|·|, τ = 0.4, rescale, η_g) are in docs/ALGORITHMS.md#fedgma."""
 import jax
+import jax.numpy as jnp
 import optax
 
 from fedjax_inv.aggregators import mask_step, sign_agreement
@@ -22,7 +23,7 @@ def masked(name, rule, base, tau, mask_at, rescale, kw):
                      f"={mask_at!r} ('update' | 'pseudo_gradient'), aggregator={kw.get('aggregator')!r}.")
   alg, mask = make_algorithm(base, **kw), mask_step(tau, rule, rescale)  # the server stage
   sign = Component("sign", aggregator=sign_agreement(), traced=("tau",), message=lambda
-                   model, kind, w0, w, *_: (jax.tree.map(lambda a, b: a - b, w0, w), None))
+                   model, kind, w, batch, ctx, key: jax.tree.map(jnp.subtract, ctx.params, w))
   chain = (alg.server_optimizer, mask) if mask_at == "update" else (mask, alg.server_optimizer)
   hp = dict(alg.hparams, base=base, tau=float(tau), mask_at=mask_at,
             **({"rescale": rescale} if rule == "and_mask" else {}))

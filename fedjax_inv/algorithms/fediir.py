@@ -103,11 +103,9 @@ def fediir_component(gamma: float = FEDIIR_DEFAULTS["gamma"],
     return {"g": jax.tree.map(jnp.zeros_like, params["classifier"]),
             "count": jnp.zeros((), jnp.int32)}
 
-  def pre_message(model, kind, params, data, ctx, key):
-    x, y, n = data
-    w = (jnp.arange(x.shape[0]) < n).astype(jnp.float32)
-    z = model.features(params, x)
-    return classifier_risk_grad(model, kind, params, z, y, w)
+  def pre_message(model, kind, params, batch, ctx, key):
+    z = model.features(params, batch.x)
+    return classifier_risk_grad(model, kind, params, z, batch.y, batch.w)
 
   def pre_update(state, g_bar, ctx):
     blended = jax.tree.map(lambda g, b: ema * g + (1.0 - ema) * b, state["g"], g_bar)

@@ -17,7 +17,7 @@ from fedjax_inv.algorithms.fedsr_model import (REFERENCE, fedsr_model, gaussian_
 from fedjax_inv.core import losses
 from fedjax_inv.core.validation import choice as _choice, flag as _flag, nonneg as _nonneg
 from fedjax_inv.core.validation import pos_int as _pos_int, positive as _positive
-from fedjax_inv.core.algorithm import Component, Forward, client_stage, server_stage
+from fedjax_inv.core.algorithm import Component, Forward
 
 NAME = "fedsr"
 R_MODES = ("local", "averaged")
@@ -40,7 +40,8 @@ def fedsr_component(alpha_l2r: float = 1e-2, alpha_cmi: float = 5e-4,
       10-11) ``+ alpha_cmi · mean_i KL(N(μ_i, σ_i²) ‖ N(r_μ[y_i], r_σ[y_i]²))`` (FedSR
       eq. 17-18, analytic Gaussian KL summed over ``z_dim``); means are weighted by the
       batch's example weights (padding excluded).
-    init_client / message / server_stage / client_stage (``r_mode='local'`` with CMI):
+    init_client / update_client / server_stage / client_stage (``r_mode='local'``
+    with CMI):
       per-client ``r`` (see the module docstring).
 
   Raises:
@@ -107,17 +108,15 @@ def fedsr_component(alpha_l2r: float = 1e-2, alpha_cmi: float = 5e-4,
     def init_client(params):
       return jax.tree.map(jnp.array, params[REFERENCE])
 
-    def message(model, kind, params0, params, data, ctx, key):
-      r_new = jax.tree.map(lambda r, p, p0: r + (p - p0), ctx.client[NAME],
-                           params[REFERENCE], params0[REFERENCE])
-      return None, r_new  # no message: only the client's state changes
+    def update_client(model, kind, params, batch, ctx, key):  # the client's own r
+      return jax.tree.map(lambda r, p, p0: r + (p - p0), ctx.client[NAME],
+                          params[REFERENCE], ctx.params[REFERENCE])
 
-    def keep_reference(pseudo_grad, state, messages, ctx):  # stateless server stage
-      return {**pseudo_grad, REFERENCE: jax.tree.map(jnp.zeros_like,
-                                                     pseudo_grad[REFERENCE])}, state
-
-    hooks.update(init_client=init_client, message=message,
-                 server_stage=server_stage(keep_reference))
+    # The server keeps the global reference: its pseudo-gradient is zeroed (a stage
+    # needing no messages: an ordinary optax transformation).
+    keep_reference = optax.masked(optax.set_to_zero(), _reference_mask)
+    hooks.update(init_client=init_client, update_client=update_client,
+                 server_stage=keep_reference)
     if weight_decay > 0 and client_optimizer in ("sgd", "momentum"):
       # Coupled decay adds wd·θ_ref; the client's r is θ_ref + (r_k − θ_ref,t), so add
       # the constant wd·(r_k − θ_ref,t) to decay r_k itself.
@@ -126,8 +125,13 @@ def fedsr_component(alpha_l2r: float = 1e-2, alpha_cmi: float = 5e-4,
                            grads[REFERENCE], ctx.client[NAME], ctx.params[REFERENCE])
         return {**grads, REFERENCE: fix}
 
-      hooks.update(client_stage=client_stage(decay_fix))
+      hooks.update(client_stage=decay_fix)
   return Component(name=NAME, **hooks)
+
+
+def _reference_mask(params):
+  """Mask of the reference ``r(z|y)`` subtree of ``params`` (True there)."""
+  return {k: jax.tree.map(lambda _: k == REFERENCE, v) for k, v in params.items()}
 
 
 def _decay_mask(params):

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 
 from fedjax_inv import penalties
 from fedjax_inv.algorithms.base import uniform_mean
-from fedjax_inv.core.algorithm import Component, hparam, server_stage
+from fedjax_inv.core.algorithm import Batch, Component, hparam
 from fedjax_inv.core.validation import choice as _choice, nonneg as _nonneg
 
 PyTree = Any
@@ -22,7 +22,7 @@ PyTree = Any
 # ---------------------------------------------------------------------------------------
 
 
-def client_grad_variance(model, kind: str, params: PyTree, x, y, n) -> dict:
+def client_grad_variance(model, kind: str, params: PyTree, batch: Batch) -> dict:
   """``v_e = C_e``: per-coordinate variance over the client's examples of the per-example
   gradients of the final linear classifier, at ``params``.
 
@@ -30,11 +30,12 @@ def client_grad_variance(model, kind: str, params: PyTree, x, y, n) -> dict:
     model: ``FunctionalModel`` (featurizer → ``z [n_max, d]``, linear classifier).
     kind: 'binary' | 'multiclass' (Fishr needs a likelihood over classes).
     params: model parameters (differentiable: featurizer and classifier).
-    x: ``[n_max, ...]`` client inputs, padded; y: ``[n_max]`` labels; n: true size.
+    batch: the client's data, ``Batch(x [n_max, ...], y [n_max], w [n_max])`` (``w``
+      1.0 real, 0.0 padding).
 
   Returns:
     ``{'kernel': [d, K], 'bias': [K]}`` (``K = 1`` for binary): the biased (``1/n_e``)
-    variance over the ``n`` real examples; padded rows have weight 0.
+    variance over the real examples; padded rows have weight 0.
 
   Raises:
     ValueError: ``kind == 'regression'`` (raised while tracing the round).
@@ -45,10 +46,9 @@ def client_grad_variance(model, kind: str, params: PyTree, x, y, n) -> dict:
   if kind not in ("binary", "multiclass"):
     raise ValueError(f"Fishr (FedILC §3.2) needs a classification task; got loss kind "
                      f"{kind!r}. Use 'geometric' or 'fedcurv' for regression.")
-  w = (jnp.arange(x.shape[0]) < n).astype(jnp.float32)
-  z = model.features(params, x)
+  z = model.features(params, batch.x)
   logits = model.classify(params, z)
-  return penalties.per_sample_classifier_grad_variance(z, logits, y, w)
+  return penalties.per_sample_classifier_grad_variance(z, logits, batch.y, batch.w)
 
 
 FISHR_REDUCTIONS = ("sum", "mean")
@@ -108,9 +108,8 @@ def fishr_component(fishr_lambda: float, reduction: str = "sum") -> Component:
                          "bias": jnp.zeros_like(cls["bias"])},
             "penalty": jnp.zeros((), jnp.float32)}
 
-  def pre_message(model, kind, params, data, ctx, key):
-    x, y, n = data
-    v = client_grad_variance(model, kind, params, x, y, n)
+  def pre_message(model, kind, params, batch, ctx, key):
+    v = client_grad_variance(model, kind, params, batch)
     sq = sum(jnp.sum(a * a) for a in jax.tree.leaves(v))
     return {"v": v, "sq": sq}
 
@@ -122,15 +121,14 @@ def fishr_component(fishr_lambda: float, reduction: str = "sum") -> Component:
       pen = pen * ctx.cohort
     return {"mean_var": v_bar, "penalty": pen.astype(jnp.float32)}
 
-  def message(model, kind, params0, params, data, ctx, key):
-    x, y, n = data
+  def message(model, kind, params, batch, ctx, key):  # at w_t = ctx.params
     v_bar = ctx.extras["fishr"]["mean_var"]
-    v, vjp_fn = jax.vjp(lambda p: client_grad_variance(model, kind, p, x, y, n), params0)
+    v, vjp_fn = jax.vjp(lambda p: client_grad_variance(model, kind, p, batch), ctx.params)
     cot = jax.tree.map(lambda a, b: 2.0 * (a - b), v, v_bar)
     (g,) = vjp_fn(cot)
-    return g, None
+    return g
 
-  def server_gradient(pseudo_grad, state, messages, ctx):  # stateless server stage
+  def server_gradient(pseudo_grad, state, messages, ctx):  # server stage
     lam_t = hparam(ctx, "fishr_lambda", None)  # a batched sweep replica's traced λ
     if lam_t is None:
       if lam == 0.0:  # exactly the pseudo-gradient (even if a VJP were not finite)
@@ -141,5 +139,5 @@ def fishr_component(fishr_lambda: float, reduction: str = "sum") -> Component:
 
   return Component(name="fishr", init_server=init_server, pre_message=pre_message,
                    pre_aggregator=uniform_mean(), pre_update=pre_update, message=message,
-                   aggregator=uniform_mean(), server_stage=server_stage(server_gradient),
+                   aggregator=uniform_mean(), server_stage=server_gradient,
                    traced=("fishr_lambda",))

@@ -8,22 +8,20 @@ about any particular paper; e.g. FedProx is a ``Component`` with a loss term, SC
 FedGMA is just a different ``Aggregator``. A new algorithm is one short file.
 
 Message protocol of one round (docs/ARCHITECTURE.md, 'A round is a map-reduce over a
-client axis'):
+client axis'), the five phases of a ``Component``'s hooks:
   1. server broadcasts ``ctx`` (global params, round, every component's server state);
-  2. optional *pre-stage* per component: each sampled client computes a message at the
-     global model, the server aggregates it and updates the component's server state
-     (FedIIR's global classifier gradient; Fishr's mean gradient variance);
-  3. each sampled client runs ``local_steps`` optimizer steps on its objective; its
+  2. *pre-round*, per component with a ``pre_message``: each sampled client computes a
+     message at the global model, the server aggregates it and updates the component's
+     server state (FedIIR's global classifier gradient; Fishr's mean gradient variance);
+  3. each sampled client runs ``local_steps`` optimizer steps on its *objective*; its
      pseudo-gradient ``Δ_k = w_t − w_k`` (a gradient when ``local_steps=1`` and the
-     client optimizer is ``sgd(1)``: FedSGD) goes to the aggregator; components may send
-     extra messages and update per-client state;
-  4. the server aggregates and runs one *server chain* (:meth:`Algorithm.server_chain`):
-     ``optax.named_chain`` of the components' ``server_stage``s (in
-     component order; e.g. Fishr's ``+ λ∇L_Fishr``, SCAFFOLD's control update) and then
-     the server optimizer (itself a chain, e.g. FedGMA's mask after the optimizer). Every
-     stage is an optax ``GradientTransformationExtraArgs`` that also receives
-     ``messages={component: aggregated message}`` and ``ctx``:
-     ``w_{t+1} = w_t + chain(−aggregate)``.
+     client optimizer is ``sgd(1)``: FedSGD) goes to the aggregator; components send
+     *messages* and update their per-client *client state*;
+  4. the server aggregates; the components' *server stages* run in component order
+     (SCAFFOLD's control update, Fishr's ``+ λ∇L_Fishr``; each updates its own server
+     state), then the server optimizer (an optax transformation that also receives
+     ``messages={component: aggregated message}`` and ``ctx``, e.g. FedGMA's mask after
+     the optimizer): ``w_{t+1} = w_t + server_optimizer(stages(−aggregate))``.
 """
 from __future__ import annotations
 
@@ -97,69 +95,84 @@ class Context:
 
 @dataclasses.dataclass(frozen=True)
 class Component:
-  """One composable piece of an algorithm. Every hook is optional (``None`` = absent).
+  """One composable piece of an algorithm: optional hooks (``None`` = absent) grouped by
+  the phase of the round they run in. Every client-side hook gets the client's data as a
+  :class:`Batch` and what the client sees as a :class:`Context`; server-side hooks get
+  the component's server state and the aggregated messages.
 
-  Hooks (``model`` is a ``FunctionalModel``, ``kind`` the task's loss kind):
-    init_server(params) -> state: server-side state, in ``ctx.extras[name]``.
-    init_client(params) -> state: per-client persistent state (the engine stacks one per
-      pool client and gathers/scatters the sampled ones), in ``ctx.client[name]``.
-    forward(model, params, x, key) -> Forward: replaces the default forward pass
-      (at most one component per algorithm may set it; FedSR does).
-    eval_forward(model, params, x, key) -> logits: prediction used by evaluation when the
-      forward pass is stochastic (FedSR's Monte-Carlo average); default: ``forward``'s
-      logits, else the deterministic model.
-    loss(model, kind, params, batch, fwd, ctx, key) -> scalar: added to the client loss.
+  1. Objective (every local step of every client):
+    loss(model, kind, params, batch, fwd, ctx, key) -> scalar: added to the task loss
+      (``fwd`` is the step's :class:`Forward`).
     loss_scale(ctx) -> scalar: the total client loss is divided by it (IRM's λ>1 rule).
-    grad_estimator(objective, params, batch, ctx, key) -> (loss, grads): replaces how
-      one local step's gradient is estimated from the minibatch (FedILC intra-silo
-      geometric mean over per-sample gradients). ``objective`` is an :class:`Objective`:
-      calling it is the default estimator (a replacement may call it on sub-batches);
-      its ``model``/``kind``/``task_only`` let it use the model's structure.
-    client_stage: an optax ``GradientTransformationExtraArgs`` (build one with
-      :func:`client_stage`): the component's element of the client chain, applied to each
-      local step's gradient before the client optimizer (SCAFFOLD's ``g − c_i + c``).
-    pre_message(model, kind, params, data, ctx, key) -> message: pre-stage message of one
-      client computed at the global model, ``data`` = (x [n_max,...], y [n_max], n).
-    pre_aggregator: Aggregator for it (default weighted mean by client size).
-    pre_update(state, aggregate, ctx) -> state: server updates its component state.
-    message(model, kind, params0, params, data, ctx, key) -> (message, new_client_state):
-      extra message after local training, and the client's new persistent state (return
-      ``ctx.client[name]`` when unchanged, or None if the component has no client state).
-      A message of None sends nothing (no aggregator): the hook only updates the
-      client's state (FedSR's local reference distribution).
-    aggregator: Aggregator for ``message`` (default weighted mean).
-    server_stage: an optax ``GradientTransformationExtraArgs`` (build one with
-      :func:`server_stage`): the component's element of the server chain, before the
-      server optimizer. Its ``update(pseudo_grad, state, params, *, messages, ctx)`` sees
-      every component's aggregated message. When the component has no ``init_server``,
-      the stage's state *is* its server state: clients read it as ``ctx.extras[name]``
-      (SCAFFOLD's ``c``); otherwise the stage must be stateless.
+    forward(model, params, x, key) -> Forward: replaces the default forward pass (at
+      most one component per algorithm; FedSR's sampled representation).
+    eval_forward(model, params, x, key) -> logits: the prediction evaluation uses when
+      ``forward`` is stochastic (FedSR's Monte-Carlo average).
+    grad_estimator(objective, params, batch, ctx, key) -> (loss, grads): replaces how a
+      step's gradient is estimated (FedILC's intra-silo geometric mean); ``objective`` is
+      an :class:`Objective`, calling it is the default estimate.
+    client_stage: ``(grads, ctx) -> grads``, or any optax transformation: the
+      component's element of the client chain, applied to each step's gradient before
+      the client optimizer (SCAFFOLD's ``g − c_i + c``).
+  2. Client state (kept per pool client across rounds):
+    init_client(params) -> state: stacked ``[N, ...]`` by the engine, the sampled
+      clients' rows gathered and scattered back; a client reads ``ctx.client[name]``.
+    update_client(model, kind, params, batch, ctx, key) -> state: the client's new state
+      after local training (``params`` the trained local model, ``ctx.params`` the global
+      one); absent: the state is kept as it is.
+  3. Pre-round (messages at the global model, before local training):
+    pre_message(model, kind, params, batch, ctx, key) -> message (``params`` = ``w_t``);
+    pre_aggregator: its Aggregator (default: weighted mean by client weight);
+    pre_update(state, aggregate, ctx) -> state: the component's new server state, which
+      the clients of this round's local training then read.
+  4. Message (after local training):
+    message(model, kind, params, batch, ctx, key) -> message (``params`` the trained
+      local model, ``ctx.params`` the global one);
+    aggregator: its Aggregator (default: weighted mean by client weight).
+  5. Server stage (once per round, before the server optimizer, in component order):
+    init_server(params) -> state: the component's server state, its only home; clients
+      read it as ``ctx.extras[name]``.
+    server_stage: ``(pseudo_grad, state, messages, ctx) -> (pseudo_grad, state)`` with
+      ``state`` the component's server state and ``messages`` ``{component: aggregated
+      message}`` (SCAFFOLD's control update, Fishr's ``+ λ∇L_Fishr``); or, for a stage
+      that needs no messages and no shared state, any optax transformation (its state is
+      its own, in the server's optimizer state; FedSR's zeroed reference update).
 
   Data field ``traced``: names of the hyperparameters the hooks read with
   :func:`hparam` (e.g. FedProx's ``'mu'``), so a sweep over them runs batched as one
   program (``fedjax_inv/sweep.py``); the value the component was built with is the
   fallback. A traced coefficient must not change the component's structure.
+
+  Source: docs/ARCHITECTURE.md, 'An algorithm is data'; docs/ALGORITHMS.md, 'Writing an
+  algorithm'.
   """
   name: str
-  init_server: Optional[Callable] = None
-  init_client: Optional[Callable] = None
-  forward: Optional[Callable] = None
-  eval_forward: Optional[Callable] = None
+  # 1. objective
   loss: Optional[Callable] = None
   loss_scale: Optional[Callable] = None
+  forward: Optional[Callable] = None
+  eval_forward: Optional[Callable] = None
   grad_estimator: Optional[Callable] = None
-  client_stage: Optional[optax.GradientTransformation] = None
+  client_stage: Optional[Any] = None
+  # 2. client state
+  init_client: Optional[Callable] = None
+  update_client: Optional[Callable] = None
+  # 3. pre-round
   pre_message: Optional[Callable] = None
   pre_aggregator: Optional[Aggregator] = None
   pre_update: Optional[Callable] = None
+  # 4. message
   message: Optional[Callable] = None
   aggregator: Optional[Aggregator] = None
-  server_stage: Optional[optax.GradientTransformation] = None
+  # 5. server stage
+  init_server: Optional[Callable] = None
+  server_stage: Optional[Any] = None
   traced: tuple = ()
 
 
 def client_stage(update: Callable) -> optax.GradientTransformationExtraArgs:
-  """A component's element of the client chain (stateless) as an optax transformation.
+  """A stateless client stage ``update(grads, ctx) -> grads`` as an optax transformation
+  (what the engine does with a function given as ``Component.client_stage``).
 
   Args:
     update: ``update(grads, ctx) -> grads``; ``grads`` is one local step's gradient of
@@ -181,35 +194,10 @@ def client_stage(update: Callable) -> optax.GradientTransformationExtraArgs:
   return optax.GradientTransformationExtraArgs(lambda params: optax.EmptyState(), update_fn)
 
 
-def server_stage(update: Callable, init: Optional[Callable] = None
-                 ) -> optax.GradientTransformationExtraArgs:
-  """A component's element of the server chain as an optax transformation.
-
-  Args:
-    update: ``update(pseudo_grad, state, messages, ctx) -> (pseudo_grad, state)``;
-      ``pseudo_grad`` is shaped like the parameters (no client axis: already aggregated),
-      ``messages`` is ``{component name: aggregated message}``, ``ctx`` the round's
-      ``Context`` (``client={}``).
-    init: ``init(params) -> state``; default ``optax.EmptyState()`` (a stateless stage).
-
-  Returns:
-    ``optax.GradientTransformationExtraArgs``; calling its ``update`` without the
-    ``messages`` / ``ctx`` keywords raises ``TypeError`` naming them.
-
-  Source: issue 14 (server chain of ``GradientTransformationExtraArgs``);
-  docs/ARCHITECTURE.md, 'An algorithm is data'.
-  """
-  def init_fn(params):
-    return optax.EmptyState() if init is None else init(params)
-
-  def update_fn(updates, state, params=None, *, messages=None, ctx=None, **_):
-    if messages is None or ctx is None:
-      raise TypeError("a component's server stage needs the keywords messages= (the "
-                      "aggregated client messages) and ctx= (the round's Context); the "
-                      "engine's server_chain passes them.")
-    return update(updates, state, messages, ctx)
-
-  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+def is_optax(stage) -> bool:
+  """True when a ``client_stage`` / ``server_stage`` is an optax transformation (its
+  state kept by the engine), False when it is a plain function."""
+  return isinstance(stage, optax.GradientTransformation)
 
 
 # Key of ``ServerState.extras`` / ``Context.extras`` holding the traced hyperparameters
@@ -278,7 +266,8 @@ class Algorithm:
       recording another ``local_steps`` / ``client_optimizer_state`` than the algorithm
       runs, repeated or reserved component names, or several components replacing the
       forward pass / gradient estimator.
-    TypeError: a ``client_stage`` / ``server_stage`` that is not an optax transformation.
+    TypeError: a ``client_stage`` / ``server_stage`` that is neither a function nor an
+      optax transformation.
   """
   name: str
   client_optimizer: optax.GradientTransformation
@@ -327,10 +316,9 @@ class Algorithm:
             "one (it fixes the state's structure, so round 2 does not recompile).")
       for side in ("client", "server"):
         stage = getattr(c, f"{side}_stage")
-        if stage is not None and not isinstance(stage, optax.GradientTransformation):
-          raise TypeError(f"component {c.name!r}: {side}_stage must be an optax "
-                          f"GradientTransformation(ExtraArgs), got {type(stage)}; build "
-                          f"it with core.algorithm.{side}_stage(...).")
+        if stage is not None and not (is_optax(stage) or callable(stage)):
+          raise TypeError(f"component {c.name!r}: {side}_stage must be a function or an "
+                          f"optax GradientTransformation, got {type(stage)}.")
     if "client_optimizer" in names:
       raise ValueError("'client_optimizer' names the client optimizer's element of the "
                        "client chain; give the component another name.")
@@ -345,15 +333,17 @@ class Algorithm:
 
   def client_chain(self) -> optax.GradientTransformationExtraArgs:
     """One local step's chain: ``optax.named_chain`` of each component's
-    ``client_stage`` (component order) and then ``'client_optimizer'``. The engine calls
-    ``update(grads, state, params, ctx=Context)`` from a fresh ``init(w_t)`` every round,
-    or, with ``client_optimizer_state='persistent'``, from the client's own state of the
-    last round it took part in (``init(w_0)`` before its first).
+    ``client_stage`` (component order; a function stage wrapped by :func:`client_stage`)
+    and then ``'client_optimizer'``. The engine calls ``update(grads, state, params,
+    ctx=Context)`` from a fresh ``init(w_t)`` every round, or, with
+    ``client_optimizer_state='persistent'``, from the client's own state of the last
+    round it took part in (``init(w_0)`` before its first).
 
     Source: issue 14 (a client optimizer chain); FedAvg ClientUpdate (McMahan et al.
     2017, Alg. 1)."""
-    stages = [(c.name, c.client_stage) for c in self.components
-              if c.client_stage is not None]
+    stages = [(c.name, c.client_stage if is_optax(c.client_stage)
+               else client_stage(c.client_stage))
+              for c in self.components if c.client_stage is not None]
     return optax.named_chain(*stages, ("client_optimizer", self.client_optimizer))
 
   @property
@@ -363,22 +353,17 @@ class Algorithm:
     tells a gradient estimator, and what the memory estimate assumes of it)."""
     return not any(c.loss or c.forward or c.loss_scale for c in self.components)
 
-  def server_chain(self) -> optax.GradientTransformationExtraArgs:
-    """The round's server chain: ``optax.named_chain`` of each component's
-    ``server_stage`` (component order, named by the component), then
-    ``'server_optimizer'`` (this algorithm's ``server_optimizer``, itself possibly a chain).
+  def server_optimizer_state(self, params) -> dict:
+    """The server's optimizer state ``ServerState.opt_state``: ``{component name: state}``
+    for each component whose ``server_stage`` is an optax transformation, and
+    ``'server_optimizer'``: ``server_optimizer.init(params)``. Components' own server
+    state is not here: it is ``ServerState.extras`` (``init_server``).
 
-    ``update(pseudo_grad, state, params, messages={name: aggregated message}, ctx=Context)``
-    maps the aggregated pseudo-gradient (shaped like the parameters, no client axis) to
-    the server update. Its state is ``ServerState.opt_state`` (``{element name: state}``);
-    a stage's state is what clients read as ``ctx.extras[name]`` when its component has no
-    ``init_server`` (SCAFFOLD's ``c``, FedCurv's pool sums).
-
-    Source: issue 14 (one server chain whose order is the algorithm); Reddi et al. 2021
-    (server optimizer on the pseudo-gradient)."""
-    stages = [(c.name, c.server_stage) for c in self.components
-              if c.server_stage is not None]
-    return optax.named_chain(*stages, ("server_optimizer", self.server_optimizer))
+    Source: Reddi et al. 2021 (server optimizer on the pseudo-gradient)."""
+    state = {c.name: c.server_stage.init(params) for c in self.components
+             if c.server_stage is not None and is_optax(c.server_stage)}
+    state["server_optimizer"] = self.server_optimizer.init(params)
+    return state
 
   def model_for(self, model):
     """The model this algorithm trains, given the task's ``model``."""

@@ -24,10 +24,8 @@ The benchmark baseline, a Python loop over the clients of one compiled client up
 """
 from __future__ import annotations
 
-import math
 from typing import Any, Callable, NamedTuple
 
-import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -35,65 +33,20 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from fedjax_inv.core import losses
-from fedjax_inv.core.algorithm import (CLIENT_OPT_STATE, HPARAMS, Algorithm, Batch,
-                                       Context, Forward, Objective)
+from fedjax_inv.core.algorithm import CLIENT_OPT_STATE, HPARAMS, Algorithm, is_optax
 from fedjax_inv.core import strategy as strategy_lib
+# One client's computation and the initial state live in their own modules (the memory
+# estimate traces them too); re-exported here, where the rest of the package finds them.
+from fedjax_inv.core.client import (  # noqa: F401
+    batch_indices, client_context, client_outputs, default_forward, eval_logits_fn,
+    full_batch, local_train, make_objective, step_gradient)
+from fedjax_inv.core.state import ServerState, init_state  # noqa: F401
 from fedjax_inv.core.aggregator import traced_names, weighted_mean
 from fedjax_inv.core.data import ClientData
 
 PyTree = Any
 STRATEGIES = strategy_lib.STRATEGIES
-# Under 'scan', the pre-stage (messages at the shared global model: forward passes, no
-# per-client weights) runs vmapped in chunks of this many clients, so a forward pass
-# batches into one larger matmul (measured, fishr_inter_geo C=200 on 2 CPU cores:
-# 0.137-0.140 s per round vs 0.153 s with the pre-stage under 'scan'). None = 'scan'.
-PRE_CHUNK = 8
-
-
-@chex.dataclass
-class ServerState:
-  """Server state: ``params`` (global model ``w_t``), ``opt_state`` (server optimizer),
-  ``round`` (int32 scalar), ``extras`` ({component name: server state})."""
-  params: PyTree
-  opt_state: PyTree
-  round: chex.Array
-  extras: dict
-
-
-def init_state(algorithm: Algorithm, params: PyTree, num_clients: int):
-  """Initial ``(ServerState, client_states)``.
-
-  ``client_states`` is ``{component name: pytree with leading pool axis [N, ...]}`` for
-  every component with per-client state (SCAFFOLD's control variates, FedCurv's Fisher),
-  plus, when ``algorithm.client_optimizer_state == 'persistent'``,
-  ``{CLIENT_OPT_STATE: algorithm.client_chain().init(params)}`` stacked ``[N, ...]``
-  (every client's optimizer created once at the initial global ``params``, as FedSR's
-  official code does; ``CLIENT_OPT_STATE = '__client_optimizer__'``). Being part of
-  ``client_states``, it is carried by every execution strategy, replica batch and
-  checkpoint like the components' state.
-  """
-  extras = {c.name: c.init_server(params) for c in algorithm.components
-            if c.init_server is not None}
-  opt_state = algorithm.server_chain().init(params)
-  for c in algorithm.components:
-    if c.server_stage is not None and c.init_server is not None \
-        and jax.tree.leaves(opt_state[c.name]):
-      raise ValueError(f"component {c.name!r} keeps server state twice (init_server and "
-                       "a stateful server_stage); keep one: drop init_server to let the "
-                       "stage's state be ctx.extras[name], or make the stage stateless.")
-  server = ServerState(params=params, opt_state=opt_state,
-                       round=jnp.zeros((), jnp.int32), extras=extras)
-  client_states = {}
-  for c in algorithm.components:
-    if c.init_client is not None:
-      one = c.init_client(params)
-      client_states[c.name] = jax.tree.map(
-          lambda a: jnp.broadcast_to(a, (num_clients,) + jnp.shape(a)).copy(), one)
-  if algorithm.client_optimizer_state == "persistent":
-    one = algorithm.client_chain().init(params)
-    client_states[CLIENT_OPT_STATE] = jax.tree.map(
-        lambda a: jnp.broadcast_to(a, (num_clients,) + jnp.shape(a)).copy(), one)
-  return server, client_states
+PRE_CHUNK = strategy_lib.PRE_CHUNK  # the pre-stage's chunks under 'scan' (core/strategy.py)
 
 
 def resolve_strategy(execution: str, cohort: int, num_devices: int | None = None,
@@ -185,129 +138,6 @@ def map_reduce(fn: Callable, xs: PyTree, strategy: str, chunk_size: int | None =
     outs = jax.tree.map(lambda a: a.reshape((cohort,) + a.shape[2:]), outs)
     return sums, outs
   raise ValueError(f"strategy={strategy!r}; expected 'vmap', 'scan' or 'chunked'.")
-
-
-def batch_indices(key, n, local_steps: int, batch_size: int) -> jax.Array:
-  """``[local_steps, batch_size]`` int32 example indices, uniform over ``[0, n)`` with
-  replacement, drawn once per client per round (one key, one call)."""
-  return jax.random.randint(key, (local_steps, batch_size), 0, n)
-
-
-def full_batch(x, y, n) -> Batch:
-  """The client's whole padded data as one batch; padding gets weight 0."""
-  w = (jnp.arange(x.shape[0]) < n).astype(jnp.float32)
-  return Batch(x=x, y=y, w=w)
-
-
-def default_forward(model, params, x, key=None) -> Forward:
-  z = model.features(params, x)
-  return Forward(z=z, logits=model.classify(params, z))
-
-
-def eval_logits_fn(model, algorithm: Algorithm | None = None) -> Callable:
-  """``logits(params, x [B, ...], key) -> [B, K]`` used for evaluation: a component's
-  ``eval_forward`` (FedSR's Monte-Carlo prediction) if one defines it, else its
-  ``forward``'s logits, else the deterministic ``model.apply``. Shared by
-  ``eval.build_evaluator`` and ``eval.metrics.build_predict``."""
-  comp = None
-  if algorithm is not None:
-    comp = next((c for c in algorithm.components
-                 if c.eval_forward is not None or c.forward is not None), None)
-
-  def logits(params, x, key):
-    if comp is not None and comp.eval_forward is not None:
-      return comp.eval_forward(model, params, x, key)
-    if comp is not None:
-      return comp.forward(model, params, x, key).logits
-    return model.apply(params, x)
-
-  return logits
-
-
-def make_objective(model, kind: str, algorithm: Algorithm) -> Callable:
-  """``objective(params, batch, ctx, key) -> scalar`` client loss: task loss on the
-  minibatch + every component's loss term, divided by the components' loss scales."""
-  fwd_comp = next((c for c in algorithm.components if c.forward is not None), None)
-  terms = [c for c in algorithm.components if c.loss is not None]
-  scales = [c for c in algorithm.components if c.loss_scale is not None]
-
-  def objective(params, batch: Batch, ctx: Context, key):
-    keys = jax.random.split(key, len(terms) + 1)
-    if fwd_comp is not None:
-      fwd = fwd_comp.forward(model, params, batch.x, keys[0])
-    else:
-      fwd = default_forward(model, params, batch.x)
-    loss = losses.mean_loss(kind, fwd.logits, batch.y, batch.w)
-    for c, k in zip(terms, keys[1:]):
-      loss = loss + c.loss(model, kind, params, batch, fwd, ctx, k)
-    for c in scales:
-      loss = loss / c.loss_scale(ctx)
-    return loss
-
-  return objective
-
-
-def local_train(model, kind: str, algorithm: Algorithm, ctx: Context, x, y, n, key,
-                opt_state=None):
-  """Runs ``local_steps`` client optimizer steps from ``ctx.params`` under ``lax.scan``.
-
-  ``x: [n_max, ...]``, ``y: [n_max]``, ``n``: true size. Minibatches: ``batch_size``
-  indices per step drawn with replacement from ``[0, n)`` by :func:`batch_indices` (all
-  steps at once), or the full client data when ``batch_size`` is None.
-  ``opt_state``: the client chain's (``algorithm.client_chain()``) state to start from,
-  one client's (no pool axis; ``client_optimizer_state='persistent'``), or None for a
-  fresh ``init(ctx.params)``.
-  Returns ``(final params, [K] per-step losses, final client-chain state)``. Source:
-  FedAvg (McMahan et al. 2017) ClientUpdate, with the components' gradient estimator /
-  correction hooks.
-  """
-  objective = make_objective(model, kind, algorithm)
-  est = next((c for c in algorithm.components if c.grad_estimator is not None), None)
-  opt = algorithm.client_chain()  # components' client stages, then the client optimizer
-  K, B = algorithm.local_steps, algorithm.batch_size
-  k_batch, k_loss = jax.random.split(key)
-  loss_keys = jax.random.split(k_loss, K)
-  # A sweep replica's traced client learning rate: the optimizer was built at lr = 1.
-  lr = ctx.extras.get(HPARAMS, {}).get("client_lr")
-
-  def value_and_grad(params, batch, k):
-    return jax.value_and_grad(objective)(params, batch, ctx, k)
-  # What a gradient estimator sees: the default estimate and the task's structure.
-  described = Objective(value_and_grad, model, kind, algorithm.task_only)
-
-  def step(carry, inp):
-    params, opt_state = carry
-    batch, kl = inp
-    if est is not None:
-      loss, grads = est.grad_estimator(described, params, batch, ctx, kl)
-    else:
-      loss, grads = value_and_grad(params, batch, kl)
-    updates, opt_state = opt.update(grads, opt_state, params, ctx=ctx)
-    if lr is not None:
-      updates = jax.tree.map(lambda u: u * lr, updates)
-    return (optax.apply_updates(params, updates), opt_state), loss
-
-  if B is None:
-    fb = full_batch(x, y, n)
-    inner = lambda carry, kl: step(carry, (fb, kl))  # noqa: E731
-    xs = loss_keys
-  else:
-    idx = batch_indices(k_batch, n, K, B)
-    per_example = x.dtype.itemsize * math.prod(x.shape[1:])
-    if K * B * per_example <= strategy_lib.PREGATHER_BYTES:
-      ones = jnp.ones((K, B), jnp.float32)
-      xs = (Batch(x=x[idx], y=y[idx], w=ones), loss_keys)
-      inner = step
-    else:
-      def inner(carry, inp):
-        i, kl = inp
-        return step(carry, (Batch(x=x[i], y=y[i], w=jnp.ones((B,), jnp.float32)), kl))
-      xs = (idx, loss_keys)
-  if opt_state is None:
-    opt_state = opt.init(ctx.params)
-  (params, opt_state), step_losses = jax.lax.scan(inner, (ctx.params, opt_state), xs,
-                                                  unroll=strategy_lib.local_unroll(K))
-  return params, step_losses, opt_state
 
 
 def build_round(model, kind: str, algorithm: Algorithm, num_clients: int,
@@ -455,11 +285,11 @@ def round_parts(model, kind: str, algorithm: Algorithm, num_clients: int,
   ``C = clients_per_round`` (see :class:`RoundParts`). Pure functions, not jitted."""
   comps = algorithm.components
   pre_comps = [c for c in comps if c.pre_message is not None]
+  after_comps = [c for c in comps if c.message is not None or c.update_client is not None]
   msg_comps = [c for c in comps if c.message is not None]
+  stage_comps = [c for c in comps if c.server_stage is not None]
   mean_agg = weighted_mean()
-  chain = algorithm.server_chain()
-  # Components whose server state is their server stage's state (clients see it too).
-  chain_held = [c.name for c in comps if c.server_stage is not None and c.init_server is None]
+  server_opt = optax.with_extra_args_support(algorithm.server_optimizer)
   persistent = algorithm.client_optimizer_state == "persistent"
 
   def split_state(cs):
@@ -478,11 +308,8 @@ def round_parts(model, kind: str, algorithm: Algorithm, num_clients: int,
     return n.astype(jnp.float32)
 
   def ctx_of(server, extras, cs=None):
-    view = dict(extras, **{name: server.opt_state[name] for name in chain_held})
-    return Context(params=server.params, round=server.round, extras=view,
-                   client={} if cs is None else cs,
-                   num_clients=jnp.float32(num_clients),
-                   cohort=jnp.float32(clients_per_round))
+    return client_context(server.params, server.round, extras, {} if cs is None else cs,
+                          num_clients, clients_per_round)
 
   def sample(server, key):
     k_sample, k_clients = jax.random.split(jax.random.fold_in(key, server.round))
@@ -493,10 +320,11 @@ def round_parts(model, kind: str, algorithm: Algorithm, num_clients: int,
   def pre_client(server, data, inp):
     i, n, cs, k = inp
     ctx = ctx_of(server, dict(server.extras), split_state(cs)[0])
+    batch = full_batch(data.x[i], data.y[i], n)
     w = weight_of(n)
     return {c.name: (c.pre_aggregator or mean_agg).lift(
-        c.pre_message(model, kind, server.params, (data.x[i], data.y[i], n), ctx,
-                      jax.random.fold_in(k, 1)), w) for c in pre_comps}
+        c.pre_message(model, kind, server.params, batch, ctx, jax.random.fold_in(k, 1)), w)
+        for c in pre_comps}
 
   def pre_finish(server, pre_sums):
     extras = dict(server.extras)
@@ -518,12 +346,13 @@ def round_parts(model, kind: str, algorithm: Algorithm, num_clients: int,
     stats = {"__main__": algorithm.aggregator.lift(delta, w),
              "__loss__": (jnp.where(w > 0, w * jnp.mean(step_losses), 0.0), w)}
     new_cs = dict(cs)
-    for c in msg_comps:
-      msg, ncs = c.message(model, kind, server.params, params, (x, y, n), ctx, k_msg)
-      if msg is not None:  # None: the hook only updates the client's state (FedSR's r)
+    batch = full_batch(x, y, n)
+    for c in after_comps:
+      msg, new_state = client_outputs(model, kind, c, params, batch, ctx, k_msg)
+      if c.message is not None:
         stats[c.name] = (c.aggregator or mean_agg).lift(msg, w)
-      if c.name in cs:
-        new_cs[c.name] = ncs
+      if c.update_client is not None and c.name in cs:
+        new_cs[c.name] = new_state
     if persistent:  # the client keeps its optimizer state for its next round
       new_cs[CLIENT_OPT_STATE] = opt_state
     return stats, new_cs
@@ -535,17 +364,26 @@ def round_parts(model, kind: str, algorithm: Algorithm, num_clients: int,
       pseudo_grad = algorithm.aggregator.finalize(sums["__main__"], hparams=traced)
     else:
       pseudo_grad = algorithm.aggregator.finalize(sums["__main__"])
-    messages = {c.name: (c.aggregator or mean_agg).finalize(sums[c.name])
-                for c in msg_comps if c.name in sums}
-    # The server chain (components' stages, then the server optimizer): every element
-    # sees the aggregated client messages and the context (optax extra args).
-    updates, opt_state = chain.update(pseudo_grad, server.opt_state, server.params,
-                                      messages=messages, ctx=ctx_b)
+    messages = {c.name: (c.aggregator or mean_agg).finalize(sums[c.name]) for c in msg_comps}
+    # The components' server stages in component order (each updates its own server
+    # state, or, an optax stage, its own optimizer state), then the server optimizer;
+    # stages and optimizer see the aggregated client messages and the context.
+    extras, opt_state = dict(extras), dict(server.opt_state)
+    for c in stage_comps:
+      if is_optax(c.server_stage):
+        upd, opt_state[c.name] = c.server_stage.update(pseudo_grad, opt_state[c.name],
+                                                       server.params)
+        pseudo_grad = upd
+      else:
+        pseudo_grad, extras[c.name] = c.server_stage(pseudo_grad, extras.get(c.name),
+                                                     messages, ctx_b)
+    updates, opt_state["server_optimizer"] = server_opt.update(
+        pseudo_grad, opt_state["server_optimizer"], server.params, messages=messages,
+        ctx=ctx_b)
     if "server_lr" in traced:  # a sweep replica: the server optimizer was built at lr = 1
       updates = jax.tree.map(lambda u: u * traced["server_lr"], updates)
     new_server = ServerState(params=optax.apply_updates(server.params, updates),
-                             opt_state=opt_state, round=server.round + 1,
-                             extras=dict(extras))
+                             opt_state=opt_state, round=server.round + 1, extras=extras)
     loss_sum, wsum = sums["__loss__"]  # 0 (not NaN) if no sampled client has weight
     return new_server, {"train_loss": loss_sum / jnp.where(wsum > 0, wsum, 1.0)}
 

@@ -102,9 +102,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_inv.core import losses
+from fedjax_inv.core import client as client_lib
+from fedjax_inv.core import state as state_lib
 from fedjax_inv.core import strategy as strategy_lib
-from fedjax_inv.core.algorithm import Batch, Context, Forward, Objective
+from fedjax_inv.core.algorithm import CLIENT_OPT_STATE, Batch, Context
 
 STRATEGIES = ("vmap", "scan", "chunked")
 DEFAULT_FRACTION = 0.8
@@ -243,10 +244,8 @@ def _check_args(cohort, n_max, feature_shape, strategy, chunk_size, num_devices)
 # κ, XLA's buffers over the jaxpr's liveness peak of a client's model work (the module
 # docstring says why and what it was measured on).
 XLA_OVERHEAD = 1.4
-# engine.PRE_CHUNK: under 'scan' the engine runs the pre-stage vmapped in chunks of this
-# many clients. Not importable from here (the engine imports this module);
-# tests/test_memory.py checks that the two agree.
-PRE_CHUNK = 8
+# Under 'scan' the engine runs the pre-stage vmapped in chunks of this many clients.
+PRE_CHUNK = strategy_lib.PRE_CHUNK
 # The loss kind the client's work is traced with: the loss head ([B, K] logits) is
 # negligible next to the model, so the estimate does not need the task's kind.
 _KIND = "multiclass"
@@ -258,7 +257,8 @@ class ClientPeaks(NamedTuple):
 
   Attributes:
     step: one local step's gradient (forward, backward; a gradient estimator's work).
-    messages: each main-stage message hook (component order).
+    messages: each component's work after local training, its ``message`` and
+      ``update_client`` (``core.client.client_outputs``; component order).
     pre: each pre-stage message hook (component order).
   """
   step: int
@@ -277,51 +277,15 @@ class ClientPeaks(NamedTuple):
 
 
 def client_view(algorithm, params) -> Context:
-  """What a client is handed in a round (``core.algorithm.Context``), as abstract values:
-  ``extras[name]`` is a component's ``init_server`` state, or its server stage's state
-  when it has none (``Algorithm.server_chain``'s contract); ``client[name]`` its
-  ``init_client`` state."""
-  chain = jax.eval_shape(algorithm.server_chain().init, params)
-  extras, client = {}, {}
-  for c in algorithm.components:
-    if c.init_server is not None:
-      extras[c.name] = jax.eval_shape(c.init_server, params)
-    elif c.server_stage is not None:
-      extras[c.name] = chain[c.name]
-    if c.init_client is not None:
-      client[c.name] = jax.eval_shape(c.init_client, params)
-  f32 = jax.ShapeDtypeStruct((), jnp.float32)
-  return Context(params=params, round=jax.ShapeDtypeStruct((), jnp.int32), extras=extras,
-                 client=client, num_clients=f32, cohort=f32)
-
-
-def _gradient(model, algorithm):
-  """``(params, batch, ctx, key) -> (loss, grads)``: one local step's gradient as the
-  client computes it: the task loss of the forward pass (a component's, e.g. FedSR's
-  sampled representation) plus the components' loss terms, differentiated, or a
-  component's gradient estimator given that objective (FedILC's per-sample gradients)."""
-  forward = next((c.forward for c in algorithm.components if c.forward is not None), None)
-  terms = [c.loss for c in algorithm.components if c.loss is not None]
-  estimator = next((c.grad_estimator for c in algorithm.components
-                    if c.grad_estimator is not None), None)
-
-  def loss(params, batch, ctx, key):
-    if forward is not None:
-      fwd = forward(model, params, batch.x, key)
-    else:
-      z = model.features(params, batch.x)
-      fwd = Forward(z=z, logits=model.classify(params, z))
-    total = losses.mean_loss(_KIND, fwd.logits, batch.y, batch.w)
-    return total + sum(t(model, _KIND, params, batch, fwd, ctx, key) for t in terms)
-
-  def gradient(params, batch, ctx, key):
-    value_and_grad = lambda p, b, k: jax.value_and_grad(loss)(p, b, ctx, k)  # noqa: E731
-    if estimator is None:
-      return value_and_grad(params, batch, key)
-    described = Objective(value_and_grad, model, _KIND, algorithm.task_only)
-    return estimator(described, params, batch, ctx, key)
-
-  return gradient
+  """What a client is handed in a round (``core.algorithm.Context``), as abstract values,
+  built by the engine's own ``core.state.init_state`` and
+  ``core.client.client_context``: ``extras[name]`` a
+  component's server state, ``client[name]`` its per-client state."""
+  server, pool = jax.eval_shape(lambda p: state_lib.init_state(algorithm, p, 1), params)
+  client = {k: jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), v)
+            for k, v in pool.items() if k != CLIENT_OPT_STATE}
+  return jax.eval_shape(lambda sv, cl: client_lib.client_context(
+      sv.params, sv.round, sv.extras, cl, 1, 1), server, client)
 
 
 def client_peak_bytes(model, algorithm, n_max: int,
@@ -359,17 +323,22 @@ def client_peak_bytes(model, algorithm, n_max: int,
   batch = Batch(x=jax.ShapeDtypeStruct((b,) + feat, jnp.float32),
                 y=jax.ShapeDtypeStruct((b,), jnp.int32),
                 w=jax.ShapeDtypeStruct((b,), jnp.float32))
-  data = (jax.ShapeDtypeStruct((n_max,) + feat, jnp.float32),
-          jax.ShapeDtypeStruct((n_max,), jnp.int32), jax.ShapeDtypeStruct((), jnp.int32))
+  data = Batch(x=jax.ShapeDtypeStruct((n_max,) + feat, jnp.float32),
+               y=jax.ShapeDtypeStruct((n_max,), jnp.int32),
+               w=jax.ShapeDtypeStruct((n_max,), jnp.float32))
 
   def peak(fn, *args):
     return peak_live_bytes(jax.make_jaxpr(fn)(*args).jaxpr)
 
   comps = algorithm.components
+  # The engine's own functions: one local step's gradient, each component's work after
+  # local training (message and client-state update) and its pre-round message.
   peaks = ClientPeaks(
-      step=peak(_gradient(trained, algorithm), params, batch, ctx, rng),
-      messages=tuple(peak(lambda p, d, cx, k, c=c: c.message(trained, _KIND, p, p, d, cx, k),
-                          params, data, ctx, rng) for c in comps if c.message is not None),
+      step=peak(lambda p, bt, cx, k: client_lib.step_gradient(trained, _KIND, algorithm, cx)(
+          p, bt, k), params, batch, ctx, rng),
+      messages=tuple(peak(lambda p, d, cx, k, c=c: client_lib.client_outputs(
+          trained, _KIND, c, p, d, cx, k), params, data, ctx, rng)
+          for c in comps if c.message is not None or c.update_client is not None),
       pre=tuple(peak(lambda p, d, cx, k, c=c: c.pre_message(trained, _KIND, p, d, cx, k),
                      params, data, ctx, rng) for c in comps if c.pre_message is not None))
   if len(_PEAKS) >= 64:
@@ -397,7 +366,7 @@ def round_memory(model, algorithm, cohort: int, n_max: int, feature_shape: Seque
   extras = sum(_tree_bytes(jax.eval_shape(c.init_server, params))
                for c in algorithm.components if c.init_server is not None)
   n_msgs = len(peaks.messages) + len(peaks.pre)
-  server = p + _tree_bytes(jax.eval_shape(algorithm.server_chain().init, params)) + extras
+  server = p + _tree_bytes(jax.eval_shape(algorithm.server_optimizer_state, params)) + extras
 
   x_bytes = math.prod(feature_shape) * 4
   b = algorithm.batch_size or n_max
@@ -407,9 +376,8 @@ def round_memory(model, algorithm, cohort: int, n_max: int, feature_shape: Seque
   batches = 0
   if algorithm.batch_size is not None:
     batches = 1
-    k = algorithm.local_steps
-    if k * b * x_bytes <= strategy_lib.PREGATHER_BYTES:
-      batches = k
+    if strategy_lib.pregathered(algorithm.local_steps, b, x_bytes):
+      batches = algorithm.local_steps
   # Under 'scan' a loop iteration's clients run one after the other, and so do a client's
   # local training and messages; with the clients batched ('vmap', 'chunked') XLA runs
   # the work that does not depend on the trained parameters (e.g. Fishr's message at the

@@ -7,6 +7,11 @@ setting them here changes both the engine and the estimate.
 from __future__ import annotations
 
 STRATEGIES = ("auto", "vmap", "scan", "chunked")
+# Under 'scan', the pre-stage (messages at the shared global model: forward passes, no
+# per-client weights) runs vmapped in chunks of this many clients, so a forward pass
+# batches into one larger matmul (measured, fishr_inter_geo C=200 on 2 CPU cores:
+# 0.137-0.140 s per round vs 0.153 s with the pre-stage under 'scan'). None = 'scan'.
+PRE_CHUNK = 8
 SCAN_UNROLL = 4  # clients per 'scan' loop iteration; see benchmarks/RESULTS.md
 # Per-client bytes up to which all K minibatches are gathered before the local-step scan
 # (one gather instead of K: measured ~1.5x faster rounds for the MNIST MLP on CPU).
@@ -15,6 +20,13 @@ PREGATHER_BYTES = 16 * 2**20
 # unrolled) on CPU when local_steps <= LOCAL_UNROLL_MAX, else 1.
 LOCAL_UNROLL = None
 LOCAL_UNROLL_MAX = 16
+
+
+def pregathered(local_steps: int, batch_size: int, example_bytes: int) -> bool:
+  """True when a client's ``local_steps`` minibatches of ``batch_size`` examples of
+  ``example_bytes`` bytes each are gathered at once before the local-step loop (the
+  engine's rule, which the memory estimate reads)."""
+  return local_steps * batch_size * example_bytes <= PREGATHER_BYTES
 
 
 def largest_divisor_at_most(n: int, k: int) -> int:

@@ -47,20 +47,11 @@ EQUIVALENT: dict[str, dict[tuple, str]] = {
         "update passes through unread.",
     },
     "local_train": {
-        ('-    per_example = x.dtype.itemsize * math.prod(x.shape[1:])',
-         '+    per_example = x.dtype.itemsize / math.prod(x.shape[1:])'):
+        ('-    if strategy_lib.pregathered(K, B, x.dtype.itemsize * math.prod(x.shape[1:])):',
+         '+    if strategy_lib.pregathered(K, B, x.dtype.itemsize / math.prod(x.shape[1:])):'):
         _PREGATHER,
-        ('-    per_example = x.dtype.itemsize * math.prod(x.shape[1:])',
-         '+    per_example = x.dtype.itemsize * math.prod(x.shape[2:])'):
-        _PREGATHER,
-        ('-    if K * B * per_example <= strategy_lib.PREGATHER_BYTES:',
-         '+    if K / B * per_example <= strategy_lib.PREGATHER_BYTES:'):
-        _PREGATHER,
-        ('-    if K * B * per_example <= strategy_lib.PREGATHER_BYTES:',
-         '+    if K * B / per_example <= strategy_lib.PREGATHER_BYTES:'):
-        _PREGATHER,
-        ('-    if K * B * per_example <= strategy_lib.PREGATHER_BYTES:',
-         '+    if K * B * per_example < strategy_lib.PREGATHER_BYTES:'):
+        ('-    if strategy_lib.pregathered(K, B, x.dtype.itemsize * math.prod(x.shape[1:])):',
+         '+    if strategy_lib.pregathered(K, B, x.dtype.itemsize * math.prod(x.shape[2:])):'):
         _PREGATHER,
         ('-      ones = jnp.ones((K, B), jnp.float32)',
          '+      ones = None'):

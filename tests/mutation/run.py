@@ -11,7 +11,7 @@ first, in a fresh interpreter), and puts the original back.
 Scope (the same rule for every module): only lines inside functions (module-level aliases
 and constants are not the math), no decorator lines (dropping ``@jax.jit`` is equivalent
 by design), and no line inside a ``raise`` statement (an error message's text; the check
-that decides to raise is mutated). ``core/engine.py`` is limited to ``local_train``.
+that decides to raise is mutated). ``core/client.py`` is limited to ``local_train``.
 
 Status per mutant: ``killed`` (the tests failed or errored, or ran past the time limit),
 ``survived`` (the tests passed). Results persist in ``<dir>/<name>.state.json``: a killed
@@ -56,7 +56,7 @@ MODULES = {
         "tests/test_losses.py", "tests/test_masked_rows.py", "tests/test_engine_reference.py"]),
     "core_aggregator": ("fedjax_inv/core/aggregator.py", "*", [
         "tests/test_aggregators.py", "tests/test_properties.py", "tests/test_losses.py"]),
-    "local_train": ("fedjax_inv/core/engine.py", "local_train", [
+    "local_train": ("fedjax_inv/core/client.py", "local_train", [
         "tests/test_engine_reference.py", "tests/test_client_opt_state.py",
         # the gradient-estimator hook (FedILC's intra-silo geometric mean): engine vs loop
         "tests/test_fedilc.py::test_fedsgd_type_equals_python_loop[fishr_intra_geo-scan]"]),

@@ -1,0 +1,157 @@
+"""Issue 23 item 2 (and issue 13's 'probe'): `auto` chosen by measurement with a cache.
+`execution='probe'` / a long `auto` run on a cache miss time the candidate strategies on
+the run's own round (median of interleaved repeats), keep the fastest, record and cache
+it; a later `auto` run with the same round takes it from the cache without measuring; a
+short run on a cache miss, replicas and `execution='rule'` take the fixed rule, so they
+never pay for a measurement."""
+import json
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fedjax_inv import Task
+from fedjax_inv import auto_strategy, simulation
+from fedjax_inv.algorithms import make_algorithm
+
+
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path, monkeypatch):
+  monkeypatch.setenv("FEDJAX_INV_CACHE_DIR", str(tmp_path / "cache"))
+  return tmp_path / "cache" / auto_strategy.CACHE_FILE
+
+
+def _task(tiny_binary):
+  data, model = tiny_binary
+  return Task("tiny", "binary", data, {"ood": data.take(np.array([0, 3]))}, model, {})
+
+
+ALG = dict(client_lr=0.1, local_steps=2, batch_size=8)
+KW = dict(eval_every=2, seed=1, progress=False, reporting=None)
+
+
+def _no_measuring(*a, **k):
+  raise AssertionError("measured, but it should not have")
+
+
+@pytest.mark.slow
+def test_probe_keeps_the_fastest_measured_strategy_and_records_it(tiny_binary, own_cache):
+  task = _task(tiny_binary)
+  alg = make_algorithm("fedavg", **ALG)
+  res = simulation.run(task, alg, execution="probe", rounds=4, **KW)
+  times = res.probe["seconds_per_round"]
+  assert set(times) == {"scan", "vmap"}  # 5 clients: no 'chunked' candidate
+  assert all(t > 0 for t in times.values())
+  assert res.probe["chosen"] == min(times, key=times.get) == res.strategy
+  assert res.probe["by"] == "measured"
+  assert res.report()["execution_probe"] == res.probe
+  ref = simulation.run(task, alg, execution=res.strategy, rounds=4, **KW)
+  assert res.history == ref.history  # the probe's rounds do not leak into the run
+  assert ref.probe is None
+  cache = json.loads(own_cache.read_text())
+  (entry,) = cache.values()
+  assert entry["chosen"] == res.strategy and entry["key"]["cohort"] == 5
+
+
+@pytest.mark.slow
+def test_auto_measures_a_long_run_once_then_reads_the_cache(tiny_binary, monkeypatch):
+  task = _task(tiny_binary)
+  alg = make_algorithm("fedavg", **ALG)
+  monkeypatch.setattr(auto_strategy, "MEASURE_MIN_ROUNDS", 4)  # 'long' = 4 rounds here
+  first = simulation.run(task, alg, rounds=4, **KW)
+  assert first.probe["by"] == "measured"
+  monkeypatch.setattr(auto_strategy, "measure", _no_measuring)
+  again = simulation.run(task, alg, rounds=4, **KW)
+  assert again.probe["by"] == "cache" and again.strategy == first.strategy
+  assert again.probe["seconds_per_round"] == first.probe["seconds_per_round"]
+  assert again.history == first.history
+  # Another round shape (cohort) is another key: not in the cache, and too short to
+  # measure now -> the fixed rule.
+  other = simulation.run(task, alg, rounds=3, clients_per_round=3, **KW)
+  assert other.probe["by"] == "rule" and "too short" in other.probe["why"]
+
+
+def test_a_short_run_on_a_cache_miss_takes_the_fixed_rule_and_measures_nothing(
+    tiny_binary, monkeypatch, own_cache):
+  """A 10-round run must not get slower because of the timing."""
+  monkeypatch.setattr(auto_strategy, "measure", _no_measuring)
+  res = simulation.run(_task(tiny_binary), make_algorithm("fedavg", **ALG), rounds=2, **KW)
+  assert res.probe["by"] == "rule" and res.strategy == "scan"  # one CPU device
+  assert not own_cache.exists()
+
+
+def test_rule_never_reads_the_cache_and_a_broken_cache_is_ignored(tiny_binary, own_cache,
+                                                                  monkeypatch):
+  task = _task(tiny_binary)
+  alg = make_algorithm("fedavg", **ALG)
+  key = auto_strategy.round_key(task, task.model, alg, 5, 1)
+  auto_strategy.store(key, "vmap", {"vmap": 0.001, "scan": 0.002})
+  res = simulation.run(task, alg, rounds=2, execution="rule", **KW)
+  assert res.probe["by"] == "rule" and res.strategy == "scan"
+  res = simulation.run(task, alg, rounds=2, **KW)  # 'auto': the cached (fake) choice
+  assert res.probe["by"] == "cache" and res.strategy == "vmap"
+  own_cache.write_text("{not json")
+  monkeypatch.setattr(auto_strategy, "measure", _no_measuring)
+  res = simulation.run(task, alg, rounds=2, **KW)
+  assert res.probe["by"] == "rule"
+
+
+def test_the_key_names_what_a_round_speed_depends_on(tiny_binary):
+  task = _task(tiny_binary)
+  a = make_algorithm("fedavg", **ALG)
+  k = auto_strategy.round_key(task, task.model, a, 5, 1)
+  assert k == auto_strategy.round_key(task, task.model, make_algorithm("fedavg", **ALG), 5, 1)
+  for other in (auto_strategy.round_key(task, task.model, a, 4, 1),
+                auto_strategy.round_key(task, task.model, a, 5, 2),
+                auto_strategy.round_key(task, task.model,
+                                        make_algorithm("fedavg", **dict(ALG, batch_size=4)),
+                                        5, 1),
+                auto_strategy.round_key(task, task.model, make_algorithm("fedprox", **ALG),
+                                        5, 1)):
+    assert other != k
+  assert {"device_kind", "jax", "jaxlib", "feature_shape", "n_max"} <= set(k)
+
+
+class _FakeRound:
+  """A 'round function' whose wall time is scripted per call (seconds)."""
+  def __init__(self, name, times):
+    self.strategy, self.times = name, list(times)
+
+  def __call__(self, server, cstates, data, key):
+    import time
+    time.sleep(self.times.pop(0))
+    return jnp.zeros(()), jnp.zeros(()), {}
+
+
+def test_measure_takes_the_median_of_interleaved_repeats():
+  """One slow burst (load) on the otherwise faster candidate does not decide: medians."""
+  # per candidate: 1 compiling call, then repeats x rounds timed calls
+  scan = _FakeRound("scan", [0, 0.09, 0.01, 0.01])  # one burst, else 10 ms
+  vmap = _FakeRound("vmap", [0, 0.03, 0.03, 0.03])
+  built, times = auto_strategy.measure({"scan": scan, "vmap": vmap}.__getitem__,
+                                       ["scan", "vmap"], jnp.zeros(()), jnp.zeros(()), None,
+                                       rounds=1, repeats=3)
+  assert min(times, key=times.get) == "scan"
+  assert times["scan"] == pytest.approx(0.01, abs=0.008)
+  assert times["vmap"] == pytest.approx(0.03, abs=0.008)
+
+
+def test_replicas_take_the_fixed_rule(tiny_binary, monkeypatch):
+  from fedjax_inv.replicas import run_replicas
+  monkeypatch.setattr(auto_strategy, "measure", _no_measuring)
+  monkeypatch.setattr(auto_strategy, "MEASURE_MIN_ROUNDS", 1)
+  res = run_replicas(_task(tiny_binary), make_algorithm("fedavg", **ALG), seeds=[0, 1],
+                     rounds=2, progress=False, reporting=None)
+  assert all(r.probe["by"] == "rule" for r in res)
+
+
+def test_rule_and_probe_are_valid_cli_choices_and_land_in_summary(tmp_path):
+  from fedjax_inv import cli
+  for mode in ("probe", "rule"):
+    out = tmp_path / mode
+    assert cli.main(["run", "--task", "linear_regression", "--rounds", "3", "--execution",
+                     mode, "--out", str(out), "--no-progress"]) == 0
+    s = json.loads((out / "summary.json").read_text())
+    assert s["execution"] == s["execution_probe"]["chosen"]
+    assert s["execution_probe"]["by"] == {"probe": "measured", "rule": "rule"}[mode]
+  assert cli.main(["run", "--task", "linear_regression", "--execution", "fastest"]) == 2
