@@ -48,6 +48,9 @@ class LoopRound:
     if not 1 <= clients_per_round <= num_clients:
       raise ValueError(f"clients_per_round={clients_per_round} must be in "
                        f"[1, {num_clients}] (the pool has {num_clients} clients).")
+    if algorithm.client_sampling != "fixed":
+      raise ValueError(f"client_sampling={algorithm.client_sampling!r}: the loop baseline "
+                       "runs fixed-size cohorts only; use the engine (build_round).")
     self.cohort = int(clients_per_round)
     self.strategy = "loop"
     self._compiled = None
@@ -104,7 +107,7 @@ class LoopRound:
     z = jax.eval_shape(c["zeros"])
     c["client_acc"] = jax.jit(f["client_acc"], donate_argnums=(0, 1)).lower(
         z, client_states, server, extras, data, idx, ckeys, j0).compile()
-    c["finish"] = jax.jit(f["finish"]).lower(server, extras, z).compile()
+    c["finish"] = jax.jit(f["finish"]).lower(server, extras, z, key).compile()
     self._compiled = c
     return time.perf_counter() - t0
 
@@ -125,7 +128,7 @@ class LoopRound:
     z = jax.eval_shape(self._compiled["zeros"])
     out += [(self.cohort, f["client_acc"],
              (z, client_states, server, extras, data, idx, ckeys, j0)),
-            (1, f["finish"], (server, extras, z))]
+            (1, f["finish"], (server, extras, z, key))]
     return out
 
   def client_memory(self):
@@ -149,7 +152,7 @@ class LoopRound:
     for j in range(self.cohort):
       acc, client_states = c["client_acc"](acc, client_states, server, extras, data, idx,
                                            ckeys, np.int32(j))
-    server, metrics = c["finish"](server, extras, acc)
+    server, metrics = c["finish"](server, extras, acc, key)
     metrics["clients"] = idx
     return server, client_states, metrics
 

@@ -89,6 +89,20 @@ RUN_KEYS = {  # config key -> (type, help); every help states the default
                     "task's"),
     "reporting": (str, "auto (the task's paper protocol) | none; default auto"),
     "validation": (str, "--holdout model selection: mean | pooled; default mean"),
+    "dp_clip": (float, "client-level DP (DP-FedAvg): clip every client update to this L2 "
+                       "norm C > 0 (the run's weighting becomes uniform); default off"),
+    "dp_noise_multiplier": (float, "DP noise multiplier sigma >= 0: Gaussian noise of std "
+                                   "sigma*C on the sum of the clipped updates; default: "
+                                   "solved from --dp-target-epsilon"),
+    "dp_target_epsilon": (float, "DP: solve sigma so that epsilon after the run's rounds is "
+                                 "at most this (> 0); instead of --dp-noise-multiplier; "
+                                 "default off"),
+    "dp_delta": (float, "DP delta in (0, 1); default 1e-5"),
+    "dp_accountant": (str, "DP accountant: rdp | pld (pld needs --client-sampling "
+                           "poisson); default rdp"),
+    "client_sampling": (str, "fixed (exactly --clients-per-round clients) | poisson (each "
+                             "client independently with probability C/N, the DP "
+                             "accountants' assumption); default fixed"),
     "log": (str, "experiment logs besides metrics.jsonl and summary.json, comma-separated: "
                  "tensorboard (OUT/tensorboard/), wandb (offline unless WANDB_MODE or "
                  "WANDB_API_KEY is set), csv (OUT/metrics.csv); needs "
@@ -110,7 +124,13 @@ _CHECKS = {
     "source": ("choice", ("auto", "raw", "tfds", "bundled")),
     "reporting": ("choice", ("auto", "none")),
     "validation": ("choice", ("mean", "pooled")),
+    "dp_clip": ("float", None), "dp_noise_multiplier": ("float", None),
+    "dp_target_epsilon": ("float", None), "dp_delta": ("float", None),
+    "dp_accountant": ("choice", ("rdp", "pld")),
+    "client_sampling": ("choice", ("fixed", "poisson")),
 }
+DP_KEYS = ("dp_clip", "dp_noise_multiplier", "dp_target_epsilon", "dp_delta",
+           "dp_accountant")
 
 
 def flag(key: str) -> str:
@@ -134,6 +154,27 @@ def check_devices(v, where: str = "--devices"):
     raise ValueError(f"{where} {v!r}: use 'all' or a number of devices >= 1 (1 = no "
                      "sharding).")
   return v
+
+
+def dp_settings(cfg: dict):
+  """The run's client-level DP settings (``fedjax_inv.privacy.DPSettings``, unchecked),
+  or None when no ``dp_*`` key is given.
+
+  Raises:
+    ValueError: a ``dp_*`` key without ``--dp-clip``."""
+  given = [k for k in DP_KEYS if cfg.get(k) is not None]
+  if not given:
+    return None
+  if cfg.get("dp_clip") is None:
+    raise ValueError(f"{', '.join(flag(k) for k in given)} without --dp-clip: client-level "
+                     "DP needs the clipping norm C (e.g. --dp-clip 1.0).")
+  from fedjax_inv.privacy import DPSettings
+  return DPSettings(clip=float(cfg["dp_clip"]),
+                    noise_multiplier=cfg.get("dp_noise_multiplier"),
+                    delta=1e-5 if cfg.get("dp_delta") is None else float(cfg["dp_delta"]),
+                    accountant=(cfg.get("dp_accountant") or "rdp").lower(),
+                    sampling=(cfg.get("client_sampling") or "fixed").lower(),
+                    target_epsilon=cfg.get("dp_target_epsilon"))
 
 
 def check_run_config(cfg: dict) -> dict:
@@ -182,6 +223,14 @@ def check_run_config(cfg: dict) -> dict:
       if typ is float and isinstance(v, int) and not isinstance(v, bool):
         v = float(v)
       v = check(RUN_FLAGS[key], v, f, sep=" ")
+    elif kind == "float":  # a number (ranges: the feature's own check, e.g. DPSettings)
+      try:
+        v = float(v.strip()) if isinstance(v, str) else v
+      except ValueError:
+        raise ValueError(f"{f} {v!r}: must be a number.") from None
+      if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ValueError(f"{f} {v!r}: must be a number.")
+      v = float(v)
     elif kind == "devices":
       v = check_devices(v, f)
     elif kind == "loggers":
@@ -235,6 +284,9 @@ def check_run_config(cfg: dict) -> dict:
   if b is not None and str(b).lower() != "full":
     if not (str(b).isdigit() and int(b) >= 1):
       raise ValueError(f"--batch-size {b!r}: use a positive integer or 'full'.")
+  dp = dp_settings(out)
+  if dp is not None:
+    dp.check()
   if out.get("resume") and out.get("out") and str(out["out"]) != str(out["resume"]):
     raise ValueError(f"--resume {out['resume']!r} with --out {out['out']!r}: a resumed run "
                      "writes into its own folder; drop --out.")

@@ -269,15 +269,36 @@ def _sweep_points(cfg: dict, algos, per_algo: dict):
   return specs, pts, search_info
 
 
-def _build_algorithms(algos, per_algo: dict, pts: dict, task):
+def run_transform(cfg: dict, task, cohort: int, rounds: int):
+  """``Algorithm -> Algorithm`` for the run-level settings that change every algorithm of
+  the run the same way: client-level DP (``--dp-*``: ``fedjax_inv.privacy.apply``, with
+  sigma solved from ``--dp-target-epsilon``) and ``--client-sampling``.
+
+  Raises:
+    ValueError: an unreachable ``--dp-target-epsilon`` (before any compile)."""
+  from fedjax_inv import config, privacy
+  dp = config.dp_settings(cfg)
+  n = task.train.num_clients
+  if dp is not None:
+    dp = privacy.resolve(dp, n, cohort, rounds)
+    return lambda alg: privacy.apply(alg, dp, n, cohort)
+  sampling = (cfg.get("client_sampling") or "fixed").lower()
+  if sampling == "fixed":
+    return lambda alg: alg
+  return lambda alg: alg.replace(client_sampling=sampling,
+                                 hparams={**alg.hparams, "client_sampling": sampling})
+
+
+def _build_algorithms(algos, per_algo: dict, pts: dict, task, transform=lambda a: a):
   """``(plans, labels, built)``: per algorithm its ``sweep.Plan`` and run labels (the
-  algorithm, or 'algorithm@name=value,...'), and every label's ``Algorithm``."""
+  algorithm, or 'algorithm@name=value,...'), and every label's ``Algorithm``
+  (``transform``, :func:`run_transform`, applied to each)."""
   from fedjax_inv import grid
   from fedjax_inv.algorithms import make_algorithm
   plans, labels, built = {}, {}, {}
   for a in algos:
-    make = lambda p, a=a: make_algorithm(a, **task.algorithm_settings(  # noqa: E731
-        a, {**per_algo[a], **p}))
+    make = lambda p, a=a: transform(make_algorithm(a, **task.algorithm_settings(  # noqa: E731
+        a, {**per_algo[a], **p})))
     try:
       plans[a] = grid.plan(a, make, pts[a])
     except ValueError as e:
@@ -376,7 +397,8 @@ def plan_experiment(cfg: dict, overrides=None, *, task_kwargs=None, seeds=None,
   if jax.process_count() > 1:
     _check_multiprocess(cfg)
   mesh = simulation.device_mesh(executor.shard_of(cfg), cohort)  # checked before compiling
-  plans, labels, built = _build_algorithms(algos, per_algo, pts, task)
+  plans, labels, built = _build_algorithms(algos, per_algo, pts, task,
+                                           run_transform(cfg, task, cohort, rounds))
   if isinstance(reporting, str) and reporting == "auto":
     rep = run_reporting(cfg, task)
     rlib.check(rep, task)

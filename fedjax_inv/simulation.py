@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_inv import auto_strategy, checkpoint
+from fedjax_inv import auto_strategy, checkpoint, privacy
 from fedjax_inv.core import multihost
 from fedjax_inv.core.engine import build_round, client_mesh, init_state
 from fedjax_inv.eval import build_evaluator, summarize
@@ -45,6 +45,9 @@ class RunResult:
     probe: with ``execution`` 'auto' / 'probe' / 'rule', how the strategy was chosen
       (``{'chosen', 'by': 'cache' | 'measured' | 'rule', 'seconds_per_round', ...}``,
       :func:`fedjax_inv.auto_strategy.choose`); None for an explicit strategy.
+    privacy: with client-level DP (``fedjax_inv.privacy.apply``): ``epsilon`` at
+      ``delta`` after the run, the accountant, noise multiplier, clip, sampling, rounds
+      and what is not covered (:func:`fedjax_inv.privacy.record`); else None.
   """
   history: list
   final: dict
@@ -57,6 +60,7 @@ class RunResult:
   last_k_mean: dict | None = None
   reporting: dict = dataclasses.field(default_factory=dict)
   probe: dict | None = None
+  privacy: dict | None = None
 
   def report(self) -> dict:
     """The reporting part for ``summary.json``: ``selected``, ``last_k_mean`` and
@@ -70,6 +74,8 @@ class RunResult:
       out["reporting"] = self.reporting
     if self.probe:
       out["execution_probe"] = self.probe
+    if self.privacy:
+      out["privacy"] = self.privacy
     return out
 
 
@@ -272,7 +278,10 @@ def prepare(task, algorithm, rounds, clients_per_round, execution, chunk_size,
       mesh=mesh,
       rounds=rounds, num_clients=num_clients, cohort=cohort, rep=rep, schedule=schedule,
       model=model, round_fn=round_fn, rounds_per_call=int(rounds_per_call),
-      evaluate=evaluate, predict_fn=predict_fn, probe=probe)
+      evaluate=evaluate, predict_fn=predict_fn, probe=probe,
+      privacy=privacy.record(algorithm, num_clients, cohort, rounds),
+      dp_epsilon=(None if "dp_clip" not in algorithm.hparams else
+                  lambda r: privacy.record(algorithm, num_clients, cohort, r)["epsilon"]))
 
 
 def run(task, algorithm, *, rounds: int, clients_per_round: int | None = None,
@@ -490,7 +499,8 @@ class _Replicas:
           selected_params=self.selected_params[i],
           last_k_mean=reporting_lib.last_k_mean(h, rep.last_k, p.rounds)
           if rep.last_k else None,
-          reporting=rep.to_dict() if rep else {}, probe=probe))
+          reporting=rep.to_dict() if rep else {}, probe=probe,
+          privacy=getattr(p, "privacy", None)))
     return out
 
 
@@ -560,6 +570,8 @@ def train_loop(p, round_fn, data, server, cstates, keys, *, tasks, algorithm, ba
             if multi:  # the replicated global model, as local arrays for evaluation
               params = multihost.to_host(params)
             entry = {"round": r, "train_objective": float(losses[i])}
+            if p.dp_epsilon is not None:  # client-level DP: epsilon spent so far
+              entry["dp_epsilon"] = p.dp_epsilon(r)
             entry.update(evaluate_all(p.evaluate, params, reps.tasks[i], p.rep,
                                       p.predict_fn))
             reps.histories[i].append(entry)

@@ -83,7 +83,11 @@ class Context:
     extras: ``{component name: server state}``.
     client: ``{component name: this client's persistent state}`` (no client axis).
     num_clients: float32 scalar, size ``N`` of the client pool.
-    cohort: float32 scalar, number ``C`` of clients sampled this round.
+    cohort: float32 scalar, number ``C`` of clients sampled this round (the expected
+      number under Poisson sampling).
+    key: the server side's PRNG key of this round (``server_stage`` hooks: e.g. DP
+      noise), derived from the run's seed and the round; None on the client side, whose
+      hooks get their own ``key`` argument.
   """
   params: PyTree
   round: chex.Array
@@ -91,6 +95,7 @@ class Context:
   client: dict
   num_clients: chex.Array
   cohort: chex.Array
+  key: Any = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -228,6 +233,11 @@ CLIENT_OPTIMIZER_STATES = ("restart", "persistent")
 # persistent client-chain state (``client_optimizer_state='persistent'``). Component names
 # may not take it (``Algorithm`` refuses), so it never clashes with ``init_client`` state.
 CLIENT_OPT_STATE = "__client_optimizer__"
+# How a round's clients are drawn from the pool (``Algorithm.client_sampling``): 'fixed'
+# (exactly C, uniformly without replacement) or 'poisson' (each pool client independently
+# with probability q = C / N; the cohort is a padded buffer of core.strategy.poisson_slots
+# slots, empty slots weigh 0).
+CLIENT_SAMPLINGS = ("fixed", "poisson")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -259,6 +269,11 @@ class Algorithm:
       still restart from ``w_t``. So SGD momentum buffers or Adam moments carry across
       rounds, as in FedSR's official code (each client's optimizer is created once).
       Recorded in ``hparams`` by the registered factories.
+    client_sampling: ``'fixed'`` (default): each round draws exactly ``C`` pool clients
+      uniformly without replacement. ``'poisson'``: each pool client takes part
+      independently with probability ``q = C / N`` (what the DP accountants assume;
+      ``fedjax_inv/privacy.py``), in a padded buffer of ``strategy.poisson_slots(N, C)``
+      slots whose empty slots weigh 0.
 
   Raises (on construction):
     ValueError: ``local_steps < 1``, ``batch_size < 1``, an unknown ``weighting`` or
@@ -280,6 +295,7 @@ class Algorithm:
   hparams: dict = dataclasses.field(default_factory=dict)
   model_transform: Optional[Callable] = None
   client_optimizer_state: str = "restart"
+  client_sampling: str = "fixed"
 
   def __post_init__(self):
     if self.local_steps < 1:
@@ -289,6 +305,10 @@ class Algorithm:
                        "(full client batch).")
     if self.weighting not in WEIGHTINGS:
       raise ValueError(f"weighting={self.weighting!r}; choose one of {WEIGHTINGS}.")
+    if self.client_sampling not in CLIENT_SAMPLINGS:
+      raise ValueError(f"client_sampling={self.client_sampling!r}; choose one of "
+                       f"{CLIENT_SAMPLINGS} ('fixed': exactly C clients per round; "
+                       "'poisson': each client independently with probability C/N).")
     if self.client_optimizer_state not in CLIENT_OPTIMIZER_STATES:
       raise ValueError(f"client_optimizer_state={self.client_optimizer_state!r}; choose "
                        f"one of {CLIENT_OPTIMIZER_STATES} ('restart': a fresh client "

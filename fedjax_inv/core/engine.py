@@ -73,6 +73,36 @@ def resolve_strategy(execution: str, cohort: int, num_devices: int | None = None
   return "vmap"
 
 
+def cohort_slots(algorithm: Algorithm, num_clients: int, clients_per_round: int) -> int:
+  """The client axis of a round: ``C`` with fixed-size sampling, the padded buffer
+  ``strategy.poisson_slots(N, C)`` with Poisson sampling (``Algorithm.client_sampling``)."""
+  if algorithm.client_sampling == "poisson":
+    return strategy_lib.poisson_slots(num_clients, clients_per_round)
+  return clients_per_round
+
+
+def poisson_sample(key, num_clients: int, rate: float, slots: int) -> jax.Array:
+  """Poisson client sampling: ``[slots]`` int32 pool indices. Each pool client takes part
+  independently with probability ``rate`` (``u_i < rate``, ``u ~ U[0, 1)^N`` from
+  ``key``); the sampled clients fill the first slots in increasing ``u`` (a uniformly
+  random order), the rest are ``N`` (an empty slot). With more sampled clients than
+  slots the ones of largest ``u`` are left out (``strategy.POISSON_MARGIN_SD``).
+
+  Source: the sampling the DP accountants assume (Abadi et al. 2016; McMahan et al.
+  2018, Alg. 1 "each user independently with probability q")."""
+  u = jax.random.uniform(key, (num_clients,))
+  take = u < rate
+  order = jnp.argsort(jnp.where(take, u, 2.0))[:slots]
+  filled = jnp.arange(slots) < jnp.sum(take)
+  return jnp.where(filled, order, num_clients).astype(jnp.int32)
+
+
+def server_key(key, round_):
+  """The server side's key of round ``round_`` (``Context.key`` in server stages): its
+  own stream, apart from the round's sampling and client keys."""
+  return jax.random.fold_in(jax.random.fold_in(key, round_), 0x5E4FE4)
+
+
 def client_mesh(num_devices: int | None = None) -> Mesh | None:
   """A 1-D mesh with axis ``'clients'`` over all (or the first ``num_devices``) devices,
   or None with a single device."""
@@ -140,6 +170,35 @@ def map_reduce(fn: Callable, xs: PyTree, strategy: str, chunk_size: int | None =
   raise ValueError(f"strategy={strategy!r}; expected 'vmap', 'scan' or 'chunked'.")
 
 
+def _fit_memory(model, algorithm, execution, strategy, chunk, slots, feature_shape, n_max,
+                mesh):
+  """``(strategy, chunk)`` after the memory check before compiling (core/memory.py):
+  'auto' chunks instead of running out of memory; an explicit strategy that cannot fit
+  raises DoesNotFitError (a ValueError) naming the estimate, the budget and the fix."""
+  from fedjax_inv.core import memory
+  ndev = mesh.devices.size if mesh is not None else 1
+  # ``model`` is already the algorithm's model (model_transform applied by the caller).
+  alg_m = algorithm.replace(model_transform=None)
+  if execution == "auto" and strategy == "vmap" and memory.conv_chunks(
+      model, slots, feature_shape, ndev):
+    strategy = "chunked"
+    chunk = memory.choose_chunk_size(model, alg_m, slots, n_max, feature_shape,
+                                     num_devices=ndev, max_chunk=memory.CONV_CHUNK * ndev)
+  elif execution == "auto" and strategy == "vmap":
+    try:
+      memory.check_fits(model, alg_m, slots, n_max, feature_shape,
+                        "vmap", num_devices=ndev)
+    except memory.DoesNotFitError:
+      strategy = "chunked"
+      chunk = memory.choose_chunk_size(model, alg_m, slots, n_max,
+                                       feature_shape, num_devices=ndev)
+  else:
+    memory.check_fits(model, alg_m, slots, n_max, feature_shape,
+                      strategy, chunk if strategy == "chunked" else None,
+                      num_devices=ndev)
+  return strategy, chunk
+
+
 def build_round(model, kind: str, algorithm: Algorithm, num_clients: int,
                 clients_per_round: int, execution: str = "auto",
                 chunk_size: int | None = None, mesh: Mesh | None = None,
@@ -152,7 +211,9 @@ def build_round(model, kind: str, algorithm: Algorithm, num_clients: int,
     kind: 'binary' | 'multiclass' | 'regression'.
     algorithm: ``Algorithm``.
     num_clients: pool size ``N``.
-    clients_per_round: cohort ``C`` (1 <= C <= N), sampled uniformly without replacement.
+    clients_per_round: cohort ``C`` (1 <= C <= N), sampled uniformly without replacement
+      (``algorithm.client_sampling='fixed'``), or the expected cohort ``q N`` of Poisson
+      sampling (``'poisson'``: the client axis is ``cohort_slots`` slots).
     execution: 'auto' | 'vmap' | 'scan' | 'chunked'. ('loop', the benchmark baseline,
       is ``fedjax_inv.benchmarks.loop_round.LoopRound``, built directly.)
     chunk_size: clients per chunk for 'chunked' (default: ``min(C, 64)``).
@@ -165,7 +226,9 @@ def build_round(model, kind: str, algorithm: Algorithm, num_clients: int,
   Returns:
     ``round_fn(server: ServerState, client_states: dict, data: ClientData, key) ->
     (ServerState, client_states, metrics)`` with metrics ``{'train_loss': scalar (mean
-    local loss, client-weighted), 'clients': [C] int32 sampled pool indices}``; its
+    local loss, client-weighted), 'clients': [C] int32 sampled pool indices}`` (Poisson
+    sampling: ``[slots]``, ``N`` for an empty slot, and ``'cohort_size'``, the clients
+    that ran); its
     ``strategy`` attribute names the strategy that runs ('auto' resolved) and
     ``chunk_size`` the clients per chunk under 'chunked' (else None).
 
@@ -186,36 +249,17 @@ def build_round(model, kind: str, algorithm: Algorithm, num_clients: int,
         "fedjax_inv.benchmarks.loop_round.LoopRound(model, kind, algorithm, num_clients, "
         f"clients_per_round); for the engine choose one of {STRATEGIES}.")
   strategy = resolve_strategy(execution, clients_per_round)
+  # The round's client axis: C, or the padded Poisson buffer (cohort_slots).
+  poisson = algorithm.client_sampling == "poisson"
+  slots = cohort_slots(algorithm, num_clients, clients_per_round)
   if chunk_size is not None and (isinstance(chunk_size, bool) or int(chunk_size) != chunk_size
                                  or chunk_size < 1):
     raise ValueError(f"chunk_size={chunk_size!r}; it must be an integer >= 1 (or None for "
                      "the default min(C, 64)).")
-  chunk = min(clients_per_round, 64) if chunk_size is None else int(chunk_size)
+  chunk = min(slots, 64) if chunk_size is None else int(chunk_size)
   if feature_shape is not None and n_max is not None:
-    # Memory check before compiling (core/memory.py): 'auto' chunks instead of running
-    # out of memory; an explicit strategy that cannot fit raises DoesNotFitError (a
-    # ValueError) naming the estimate, the budget and the fix.
-    from fedjax_inv.core import memory
-    ndev = mesh.devices.size if mesh is not None else 1
-    # ``model`` is already the algorithm's model (model_transform applied by the caller).
-    alg_m = algorithm.replace(model_transform=None)
-    if execution == "auto" and strategy == "vmap" and memory.conv_chunks(
-        model, clients_per_round, feature_shape, ndev):
-      strategy = "chunked"
-      chunk = memory.choose_chunk_size(model, alg_m, clients_per_round, n_max, feature_shape,
-                                       num_devices=ndev, max_chunk=memory.CONV_CHUNK * ndev)
-    elif execution == "auto" and strategy == "vmap":
-      try:
-        memory.check_fits(model, alg_m, clients_per_round, n_max, feature_shape,
-                          "vmap", num_devices=ndev)
-      except memory.DoesNotFitError:
-        strategy = "chunked"
-        chunk = memory.choose_chunk_size(model, alg_m, clients_per_round, n_max,
-                                         feature_shape, num_devices=ndev)
-    else:
-      memory.check_fits(model, alg_m, clients_per_round, n_max, feature_shape,
-                        strategy, chunk if strategy == "chunked" else None,
-                        num_devices=ndev)
+    strategy, chunk = _fit_memory(model, algorithm, execution, strategy, chunk, slots,
+                                  feature_shape, n_max, mesh)
   unroll = strategy_lib.SCAN_UNROLL if unroll is None else int(unroll)
   parts = round_parts(model, kind, algorithm, num_clients, clients_per_round)
 
@@ -223,8 +267,10 @@ def build_round(model, kind: str, algorithm: Algorithm, num_clients: int,
     idx, ckeys = parts.sample(server, key)
     # Clients read their rows of the device-resident pool inside the map (a dynamic slice
     # per client under 'scan'), so the cohort's data is never copied as a whole: at
-    # C=10,000 MNIST clients that copy was 1.9 GiB per round.
-    xs = (idx, data.n[idx], jax.tree.map(lambda a: a[idx], client_states), ckeys)
+    # C=10,000 MNIST clients that copy was 1.9 GiB per round. An empty Poisson slot
+    # (index N) reads row N-1 and weighs 0; its state is not written back.
+    rows = jnp.minimum(idx, num_clients - 1) if poisson else idx
+    xs = (idx, data.n[rows], jax.tree.map(lambda a: a[rows], client_states), ckeys)
     extras = server.extras
     if parts.pre_client is not None:
       pre_strategy, pre_chunk = strategy, chunk
@@ -235,14 +281,19 @@ def build_round(model, kind: str, algorithm: Algorithm, num_clients: int,
       extras = parts.pre_finish(server, pre_sums)
     sums, new_cstates = map_reduce(lambda inp: parts.client(server, extras, data, inp), xs,
                                    strategy, chunk, mesh, unroll)
-    new_server, metrics = parts.finish(server, extras, sums)
-    client_states = jax.tree.map(lambda pool, new: pool.at[idx].set(new),
-                                 client_states, new_cstates)
+    new_server, metrics = parts.finish(server, extras, sums, key)
+    if poisson:
+      client_states = jax.tree.map(lambda pool, new: pool.at[idx].set(new, mode="drop"),
+                                   client_states, new_cstates)
+      metrics["cohort_size"] = jnp.sum(idx < num_clients)
+    else:
+      client_states = jax.tree.map(lambda pool, new: pool.at[idx].set(new),
+                                   client_states, new_cstates)
     metrics["clients"] = idx
     return new_server, client_states, metrics
 
   round_fn.strategy = strategy
-  round_fn.chunk_size = (strategy_lib.largest_divisor_at_most(clients_per_round, chunk)
+  round_fn.chunk_size = (strategy_lib.largest_divisor_at_most(slots, chunk)
                          if strategy == "chunked" else None)
   if not jit:
     return round_fn
@@ -279,6 +330,26 @@ class RoundParts(NamedTuple):
   finish: Callable
 
 
+def server_side(stage_comps, server_opt, server, extras, pseudo_grad, messages, ctx):
+  """The server's step after aggregation: the components' server stages in component
+  order (a function stage updates its component's server state in ``extras``; an optax
+  stage its own state in ``opt_state``), then the server optimizer; stages and optimizer
+  see the aggregated client ``messages`` and the round's ``ctx``. Returns ``(updates,
+  opt_state, extras)``."""
+  extras, opt_state = dict(extras), dict(server.opt_state)
+  for c in stage_comps:
+    if is_optax(c.server_stage):
+      pseudo_grad, opt_state[c.name] = c.server_stage.update(
+          pseudo_grad, opt_state[c.name], server.params)
+    else:
+      pseudo_grad, state = c.server_stage(pseudo_grad, extras.get(c.name), messages, ctx)
+      if c.init_server is not None:  # a stage without server state keeps none
+        extras[c.name] = state
+  updates, opt_state["server_optimizer"] = server_opt.update(
+      pseudo_grad, opt_state["server_optimizer"], server.params, messages=messages, ctx=ctx)
+  return updates, opt_state, extras
+
+
 def round_parts(model, kind: str, algorithm: Algorithm, num_clients: int,
                 clients_per_round: int) -> RoundParts:
   """The round's phases for ``algorithm`` on pool size ``N = num_clients`` and cohort
@@ -291,6 +362,8 @@ def round_parts(model, kind: str, algorithm: Algorithm, num_clients: int,
   mean_agg = weighted_mean()
   server_opt = optax.with_extra_args_support(algorithm.server_optimizer)
   persistent = algorithm.client_optimizer_state == "persistent"
+  poisson = algorithm.client_sampling == "poisson"
+  slots = cohort_slots(algorithm, num_clients, clients_per_round)
 
   def split_state(cs):
     """A client's pool state -> (its components' states, its client-chain state or None)."""
@@ -302,10 +375,24 @@ def round_parts(model, kind: str, algorithm: Algorithm, num_clients: int,
           "init_state(algorithm, ...) of this algorithm.")
     return {k: v for k, v in cs.items() if k != CLIENT_OPT_STATE}, cs.get(CLIENT_OPT_STATE)
 
-  def weight_of(n):
-    if algorithm.weighting == "uniform":
-      return jnp.ones((), jnp.float32)
-    return n.astype(jnp.float32)
+  def weight_of(n, i):
+    w = (jnp.ones((), jnp.float32) if algorithm.weighting == "uniform"
+         else n.astype(jnp.float32))
+    if poisson:  # an empty slot of the cohort buffer (index N) weighs 0
+      w = jnp.where(i < num_clients, w, jnp.zeros_like(w))
+    return w
+
+  def row(i):  # the pool row of slot index i (an empty Poisson slot reads row N-1)
+    return jnp.minimum(i, num_clients - 1) if poisson else i
+
+  def lifted(agg, message, w, i):
+    """``agg.lift``; an empty Poisson slot lifts to zeros (the sums' identity), whatever
+    the aggregator does with a weight of 0."""
+    stats = agg.lift(message, w)
+    if poisson:
+      stats = jax.tree.map(lambda a: jnp.where(i < num_clients, a, jnp.zeros_like(a)),
+                           stats)
+    return stats
 
   def ctx_of(server, extras, cs=None):
     return client_context(server.params, server.round, extras, {} if cs is None else cs,
@@ -313,17 +400,20 @@ def round_parts(model, kind: str, algorithm: Algorithm, num_clients: int,
 
   def sample(server, key):
     k_sample, k_clients = jax.random.split(jax.random.fold_in(key, server.round))
-    idx = jax.random.choice(k_sample, num_clients, (clients_per_round,), replace=False)
+    if poisson:
+      idx = poisson_sample(k_sample, num_clients, clients_per_round / num_clients, slots)
+    else:
+      idx = jax.random.choice(k_sample, num_clients, (clients_per_round,), replace=False)
     ckeys = jax.vmap(lambda i: jax.random.fold_in(k_clients, i))(idx)
     return idx, ckeys
 
   def pre_client(server, data, inp):
     i, n, cs, k = inp
     ctx = ctx_of(server, dict(server.extras), split_state(cs)[0])
-    batch = full_batch(data.x[i], data.y[i], n)
-    w = weight_of(n)
-    return {c.name: (c.pre_aggregator or mean_agg).lift(
-        c.pre_message(model, kind, server.params, batch, ctx, jax.random.fold_in(k, 1)), w)
+    batch = full_batch(data.x[row(i)], data.y[row(i)], n)
+    w = weight_of(n, i)
+    return {c.name: lifted(c.pre_aggregator or mean_agg, c.pre_message(
+        model, kind, server.params, batch, ctx, jax.random.fold_in(k, 1)), w, i)
         for c in pre_comps}
 
   def pre_finish(server, pre_sums):
@@ -335,51 +425,40 @@ def round_parts(model, kind: str, algorithm: Algorithm, num_clients: int,
 
   def client(server, extras, data, inp):
     i, n, cs, k = inp
-    x, y = data.x[i], data.y[i]
+    x, y = data.x[row(i)], data.y[row(i)]
     comp_cs, opt_state = split_state(cs)
     ctx = ctx_of(server, extras, comp_cs)
     k_train, k_msg = jax.random.split(k)
     params, step_losses, opt_state = local_train(model, kind, algorithm, ctx, x, y, n,
                                                  k_train, opt_state)
     delta = jax.tree.map(jnp.subtract, server.params, params)
-    w = weight_of(n)
-    stats = {"__main__": algorithm.aggregator.lift(delta, w),
+    w = weight_of(n, i)
+    stats = {"__main__": lifted(algorithm.aggregator, delta, w, i),
              "__loss__": (jnp.where(w > 0, w * jnp.mean(step_losses), 0.0), w)}
     new_cs = dict(cs)
     batch = full_batch(x, y, n)
     for c in after_comps:
       msg, new_state = client_outputs(model, kind, c, params, batch, ctx, k_msg)
       if c.message is not None:
-        stats[c.name] = (c.aggregator or mean_agg).lift(msg, w)
+        stats[c.name] = lifted(c.aggregator or mean_agg, msg, w, i)
       if c.update_client is not None and c.name in cs:
         new_cs[c.name] = new_state
     if persistent:  # the client keeps its optimizer state for its next round
       new_cs[CLIENT_OPT_STATE] = opt_state
     return stats, new_cs
 
-  def finish(server, extras, sums):
+  def finish(server, extras, sums, key=None):
     ctx_b = ctx_of(server, extras)
+    if key is not None:  # the server side's key of this round (e.g. DP noise)
+      ctx_b = ctx_b.replace(key=server_key(key, server.round))
     traced = server.extras.get(HPARAMS, {})
     if traced and traced_names(algorithm.aggregator):  # a sweep replica's traced tau
       pseudo_grad = algorithm.aggregator.finalize(sums["__main__"], hparams=traced)
     else:
       pseudo_grad = algorithm.aggregator.finalize(sums["__main__"])
     messages = {c.name: (c.aggregator or mean_agg).finalize(sums[c.name]) for c in msg_comps}
-    # The components' server stages in component order (each updates its own server
-    # state, or, an optax stage, its own optimizer state), then the server optimizer;
-    # stages and optimizer see the aggregated client messages and the context.
-    extras, opt_state = dict(extras), dict(server.opt_state)
-    for c in stage_comps:
-      if is_optax(c.server_stage):
-        upd, opt_state[c.name] = c.server_stage.update(pseudo_grad, opt_state[c.name],
-                                                       server.params)
-        pseudo_grad = upd
-      else:
-        pseudo_grad, extras[c.name] = c.server_stage(pseudo_grad, extras.get(c.name),
-                                                     messages, ctx_b)
-    updates, opt_state["server_optimizer"] = server_opt.update(
-        pseudo_grad, opt_state["server_optimizer"], server.params, messages=messages,
-        ctx=ctx_b)
+    updates, opt_state, extras = server_side(stage_comps, server_opt, server, extras,
+                                             pseudo_grad, messages, ctx_b)
     if "server_lr" in traced:  # a sweep replica: the server optimizer was built at lr = 1
       updates = jax.tree.map(lambda u: u * traced["server_lr"], updates)
     new_server = ServerState(params=optax.apply_updates(server.params, updates),

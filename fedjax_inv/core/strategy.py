@@ -6,6 +6,8 @@ setting them here changes both the engine and the estimate.
 """
 from __future__ import annotations
 
+import math
+
 STRATEGIES = ("auto", "vmap", "scan", "chunked")
 # Under 'scan', the pre-stage (messages at the shared global model: forward passes, no
 # per-client weights) runs vmapped in chunks of this many clients, so a forward pass
@@ -27,6 +29,21 @@ def pregathered(local_steps: int, batch_size: int, example_bytes: int) -> bool:
   ``example_bytes`` bytes each are gathered at once before the local-step loop (the
   engine's rule, which the memory estimate reads)."""
   return local_steps * batch_size * example_bytes <= PREGATHER_BYTES
+
+
+# Poisson client sampling: the cohort buffer holds the expected C clients plus this many
+# standard deviations of the Binomial(N, C/N) count (and one), so a round has more
+# sampled clients than slots with probability below 3e-7 (the extra ones are left out;
+# the round's 'cohort_size' metric counts the clients it ran).
+POISSON_MARGIN_SD = 5.0
+
+
+def poisson_slots(num_clients: int, cohort: int) -> int:
+  """Client slots of a round with Poisson sampling at rate ``q = cohort / num_clients``:
+  ``min(N, C + ceil(POISSON_MARGIN_SD * sqrt(C (1 - q))) + 1)``."""
+  q = cohort / num_clients
+  extra = math.ceil(POISSON_MARGIN_SD * math.sqrt(cohort * (1.0 - q))) + 1
+  return int(min(num_clients, cohort + extra))
 
 
 def largest_divisor_at_most(n: int, k: int) -> int:

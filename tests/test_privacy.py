@@ -1,0 +1,318 @@
+"""Issue 25: client-level DP-FedAvg (fedjax_inv/privacy.py) and Poisson client sampling.
+
+Accounting is checked against dp-accounting called directly and against pfl-research's
+accountants (values made by benchmarks/peers/pfl_accountant_values.py in pfl-research's
+own environment); the round against an independent NumPy loop (clipping, the fixed
+denominator, Poisson sampling) and, for the noise, by its empirical standard deviation.
+"""
+import json
+import math
+import pathlib
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import dp_accounting as dpa
+from dp_accounting import pld, rdp
+
+from fedjax_inv import Task, models, privacy, simulation
+from fedjax_inv.algorithms import make_algorithm
+from fedjax_inv.core import strategy
+from fedjax_inv.core.data import from_client_arrays
+from fedjax_inv.core.engine import build_round, init_state
+
+PFL = json.loads((pathlib.Path(__file__).parent / "data" / "pfl_accountant_values.json")
+                 .read_text())
+N, C = 40, 10
+
+
+@pytest.fixture(scope="module")
+def pool():
+  rng = np.random.default_rng(0)
+  xs, ys = [], []
+  for _ in range(N):
+    n = int(rng.integers(10, 30))
+    x = rng.normal(size=(n, 6)).astype(np.float32)
+    xs.append(x)
+    ys.append((x[:, 0] + 0.3 * x[:, 1] > 0).astype(np.int32))
+  data = from_client_arrays(xs, ys)
+  return data, models.mlp(6, (8,), 1)
+
+
+def _fedavg(**kw):
+  return make_algorithm("fedavg", client_lr=0.1, local_steps=2, batch_size=8,
+                        weighting="uniform", **kw)
+
+
+def _dp(alg, clip, sigma, sampling="fixed", accountant="rdp"):
+  s = privacy.DPSettings(clip=clip, noise_multiplier=sigma, sampling=sampling,
+                         accountant=accountant).check()
+  return privacy.apply(alg, s, N, C)
+
+
+def _rounds(alg, data, model, rounds, execution="scan", key=0):
+  rf = build_round(model, "binary", alg, N, C, execution=execution)
+  server, cs = init_state(alg, model.init(0), N)
+  out = []
+  for _ in range(rounds):
+    server, cs, m = rf(server, cs, data, jax.random.key(key))
+    out.append(m)
+  return server, cs, out
+
+
+# --------------------------------------------------------------------------- accounting
+
+
+@pytest.mark.parametrize("q,sigma,rounds,delta", [
+    (0.01, 1.0, 100, 1e-5), (0.05, 0.7, 300, 1e-5), (0.1, 2.0, 50, 1e-6),
+    (0.002, 1.2, 2000, 1e-5)])
+def test_epsilon_equals_dp_accounting_called_directly(q, sigma, rounds, delta):
+  n = 10_000
+  c = round(q * n)
+  event = dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(sigma)),
+                                  rounds)
+  assert privacy.epsilon(sigma, delta, "rdp", "poisson", n, c, rounds) == pytest.approx(
+      rdp.RdpAccountant().compose(event).get_epsilon(delta), rel=1e-12)
+  assert privacy.epsilon(sigma, delta, "pld", "poisson", n, c, rounds) == pytest.approx(
+      pld.PLDAccountant().compose(event).get_epsilon(delta), rel=1e-9)
+  wor = dpa.SelfComposedDpEvent(
+      dpa.SampledWithoutReplacementDpEvent(n, c, dpa.GaussianDpEvent(sigma)), rounds)
+  acc = rdp.RdpAccountant(neighboring_relation=dpa.NeighboringRelation.REPLACE_ONE)
+  assert privacy.epsilon(sigma, delta, "rdp", "fixed", n, c, rounds) == pytest.approx(
+      acc.compose(wor).get_epsilon(delta), rel=1e-12)
+
+
+@pytest.mark.parametrize("row", PFL["epsilon"], ids=lambda r: f"q{r['q']}-T{r['rounds']}")
+def test_epsilon_equals_pfl_research(row):
+  n = 100_000
+  for acc in ("rdp", "pld"):
+    got = privacy.epsilon(row["sigma"], row["delta"], acc, "poisson", n,
+                          round(row["q"] * n), row["rounds"])
+    assert got == pytest.approx(row[acc], rel=1e-6), acc
+
+
+@pytest.mark.parametrize("row", PFL["noise"], ids=lambda r: f"q{r['q']}-eps{r['target_epsilon']}")
+def test_target_epsilon_noise_agrees_with_pfl_research_and_reaches_the_target(row):
+  n = 100_000
+  c = round(row["q"] * n)
+  for acc in ("rdp", "pld"):
+    sigma = privacy.solve_noise(row["target_epsilon"], row["delta"], acc, "poisson", n, c,
+                                row["rounds"])
+    # pfl's binary search stops at 10 % of delta; ours at 0.1 % of sigma
+    assert sigma == pytest.approx(row[acc], rel=0.01), acc
+    eps = privacy.epsilon(sigma, row["delta"], acc, "poisson", n, c, row["rounds"])
+    assert eps <= row["target_epsilon"]
+    assert privacy.epsilon(sigma * 0.99, row["delta"], acc, "poisson", n, c,
+                           row["rounds"]) > row["target_epsilon"]
+
+
+def test_epsilon_edge_cases():
+  assert privacy.epsilon(0.0, 1e-5, "rdp", "fixed", N, C, 10) == math.inf
+  assert privacy.epsilon(1.0, 1e-5, "rdp", "fixed", N, C, 0) == 0.0
+  e = [privacy.epsilon(1.0, 1e-5, "rdp", "poisson", N, C, t) for t in (1, 10, 100)]
+  assert e[0] < e[1] < e[2]  # spent budget grows with the rounds
+  with pytest.raises(ValueError, match="not reachable"):
+    privacy.solve_noise(1e-4, 1e-5, "rdp", "poisson", N, C, 10_000)
+
+
+# --------------------------------------------------------------------------- the round
+
+
+def test_clipping_bounds_every_norm_and_keeps_small_updates():
+  rng = np.random.default_rng(1)
+  agg = privacy.clipped_mean(0.5)
+  for scale in (0.01, 1.0, 100.0):
+    delta = {"a": jnp.asarray(rng.normal(size=(3, 4)) * scale, jnp.float32),
+             "b": jnp.asarray(rng.normal(size=(5,)) * scale, jnp.float32)}
+    clipped, present = agg.lift(delta, jnp.float32(1.0))
+    norm = math.sqrt(sum(float(jnp.sum(v * v)) for v in jax.tree.leaves(clipped)))
+    raw = math.sqrt(sum(float(jnp.sum(v * v)) for v in jax.tree.leaves(delta)))
+    assert norm <= 0.5 * (1 + 1e-6)
+    if raw <= 0.5:
+      chex.assert_trees_all_equal(clipped, delta)
+    else:
+      assert norm == pytest.approx(0.5, rel=1e-6)
+    assert float(present) == 1.0
+  # an absent client (weight 0) adds nothing, even with inf/NaN in its update
+  bad = {"a": jnp.full((3, 4), jnp.nan), "b": jnp.full((5,), jnp.inf)}
+  clipped, present = agg.lift(bad, jnp.float32(0.0))
+  assert float(present) == 0.0 and all(float(jnp.max(jnp.abs(v))) == 0.0
+                                       for v in jax.tree.leaves(clipped))
+
+
+def _reference_dp_round(data, model, params, key, rnd, clip, sampling):
+  """One DP-FedAvg round (sigma = 0) as a NumPy loop: the documented sampling, plain SGD
+  local steps, flat clipping, sum over the sampled clients / E."""
+  from tests.reference import batch_indices, loss_fn, tmap
+  k_sample, k_clients = jax.random.split(jax.random.fold_in(key, rnd))
+  if sampling == "poisson":
+    u = np.asarray(jax.random.uniform(k_sample, (N,)))
+    idx = [int(i) for i in np.argsort(np.where(u < C / N, u, 2.0), kind="stable")
+           if u[i] < C / N][:strategy.poisson_slots(N, C)]
+  else:
+    idx = [int(i) for i in np.asarray(jax.random.choice(k_sample, N, (C,), replace=False))]
+  grad = jax.jit(jax.grad(lambda p, x, y, w: loss_fn(model, "binary", p, x, y, w)))
+  total = tmap(jnp.zeros_like, params)
+  for i in idx:
+    ck = jax.random.fold_in(k_clients, i)
+    p = params
+    for b in batch_indices(ck, 2, int(data.n[i]), 8):
+      x, y = np.asarray(data.x[i])[b], np.asarray(data.y[i])[b]
+      p = tmap(lambda w, g: w - 0.1 * g, p, grad(p, x, y, np.ones(len(b), np.float32)))
+    d = tmap(lambda a, b: np.asarray(a, np.float64) - np.asarray(b, np.float64), params, p)
+    norm = math.sqrt(sum(float(np.sum(v * v)) for v in jax.tree.leaves(d)))
+    total = tmap(lambda t, v: t + v * min(1.0, clip / norm), total, d)
+  return tmap(lambda w, t: np.asarray(w, np.float64) - t / C, params, total), len(idx)
+
+
+@pytest.mark.parametrize("sampling", ["fixed", "poisson"])
+def test_a_dp_round_equals_a_numpy_loop(pool, sampling):
+  data, model = pool
+  clip = 0.05  # below most clients' update norm: the clipping is active
+  alg = _dp(_fedavg(), clip, 0.0, sampling)
+  server, _, metrics = _rounds(alg, data, model, 1)
+  want, ran = _reference_dp_round(data, model, model.init(0), jax.random.key(0), 0, clip,
+                                  sampling)
+  chex.assert_trees_all_close(server.params, want, rtol=2e-5, atol=1e-6)
+  if sampling == "poisson":
+    assert int(metrics[0]["cohort_size"]) == ran
+    assert metrics[0]["clients"].shape == (strategy.poisson_slots(N, C),)
+
+
+def test_sigma_zero_and_no_clip_is_bit_identical_to_fedavg(pool):
+  data, model = pool
+  for ex in ("scan", "vmap", "chunked"):
+    a, _, _ = _rounds(_dp(_fedavg(), math.inf, 0.0), data, model, 3, ex)
+    b, _, _ = _rounds(_fedavg(), data, model, 3, ex)
+    chex.assert_trees_all_equal(a.params, b.params)
+
+
+@pytest.mark.parametrize("sampling", ["fixed", "poisson"])
+def test_strategies_agree_with_noise(pool, sampling):
+  data, model = pool
+  alg = _dp(_fedavg(), 0.5, 1.0, sampling)
+  ref = _rounds(alg, data, model, 3, "scan")[0].params
+  for ex in ("vmap", "chunked"):
+    chex.assert_trees_all_close(_rounds(alg, data, model, 3, ex)[0].params, ref,
+                                rtol=1e-5, atol=1e-6)
+
+
+def test_noise_std_is_sigma_clip_over_the_expected_cohort(pool):
+  """Clients whose optimizer moves nothing send zero updates: a round moves the model by
+  the noise alone, N(0, (sigma C / E)^2) per coordinate; measured over many rounds."""
+  import optax
+  data, model = pool
+  sigma, clip = 1.5, 0.8
+  still = _fedavg().replace(client_optimizer=optax.set_to_zero())
+  alg = _dp(still, clip, sigma)
+  rf = build_round(model, "binary", alg, N, C, execution="vmap")
+  server, cs = init_state(alg, model.init(0), N)
+  steps = []
+  for _ in range(40):
+    before = jnp.concatenate([a.ravel() for a in jax.tree.leaves(server.params)])
+    server, cs, _ = rf(server, cs, data, jax.random.key(3))
+    after = jnp.concatenate([a.ravel() for a in jax.tree.leaves(server.params)])
+    steps.append(np.asarray(after - before))
+  steps = np.concatenate(steps)  # 40 rounds x 73 parameters
+  assert abs(steps.mean()) < 4 * sigma * clip / C / math.sqrt(steps.size)
+  assert steps.std() == pytest.approx(sigma * clip / C, rel=0.06)
+
+
+def test_poisson_cohorts_vary_around_c_and_leave_the_absent_alone(pool):
+  data, model = pool
+  alg = make_algorithm("scaffold", client_lr=0.1, local_steps=2, batch_size=8).replace(
+      client_sampling="poisson")
+  rf = build_round(model, "binary", alg, N, C, execution="scan")
+  server, cs = init_state(alg, model.init(0), N)
+  sizes = []
+  for _ in range(30):
+    old = jax.tree.map(np.asarray, cs)  # the round donates (consumes) the pool state
+    server, cs, m = rf(server, cs, data, jax.random.key(1))
+    ran = np.asarray(m["clients"])
+    ran = set(ran[ran < N].tolist())
+    sizes.append(int(m["cohort_size"]))
+    assert len(ran) == sizes[-1]
+    for i in set(range(N)) - ran:  # an absent client's control variate is untouched
+      chex.assert_trees_all_equal(jax.tree.map(lambda a: np.asarray(a)[i], cs["scaffold"]),
+                                  jax.tree.map(lambda a: a[i], old["scaffold"]))
+  assert len(set(sizes)) > 3 and abs(np.mean(sizes) - C) < 2.5
+
+
+def test_dp_resume_is_bit_identical(pool, tmp_path):
+  data, model = pool
+  task = Task("pool", "binary", data, {"test": data.take(np.arange(4))}, model, {})
+  alg = _dp(_fedavg(), 0.5, 1.0, "poisson")
+  kw = dict(rounds=4, clients_per_round=C, seed=2, progress=False, reporting=None,
+            eval_every=1, execution="scan")
+  full = simulation.run(task, alg, **kw)
+  ck = tmp_path / "ck"
+  with pytest.raises(KeyboardInterrupt):
+    def stop(e):
+      if e["round"] == 2:
+        raise KeyboardInterrupt
+    simulation.run(task, alg, **kw, checkpoint_dir=ck, checkpoint_every=1, callback=stop)
+  resumed = simulation.run(task, alg, **kw, checkpoint_dir=ck, checkpoint_every=1)
+  chex.assert_trees_all_equal(resumed.params, full.params)
+  assert [h["dp_epsilon"] for h in full.history] == sorted(h["dp_epsilon"]
+                                                           for h in full.history)
+  assert full.privacy["epsilon"] == full.history[-1]["dp_epsilon"]
+
+
+# --------------------------------------------------------------------------- coverage
+
+
+def test_what_dp_covers_is_recorded_and_non_mean_servers_are_refused():
+  s = privacy.DPSettings(clip=1.0, noise_multiplier=1.0).check()
+  alg = privacy.apply(make_algorithm("fishr_intra_arith"), s, N, C)
+  rec = privacy.record(alg, N, C, 5)
+  assert rec["not_covered"] == [privacy.MESSAGES["fishr"]]
+  assert set(rec) >= {"epsilon", "delta", "accountant", "noise_multiplier", "clip",
+                      "sampling", "rounds"}
+  assert privacy.record(make_algorithm("fedavg"), N, C, 5) is None
+  with pytest.raises(ValueError, match="fishr_inter_geo.*not a mean"):
+    privacy.apply(make_algorithm("fishr_inter_geo"), s, N, C)
+  with pytest.raises(ValueError, match="applied already"):
+    privacy.apply(alg, s, N, C)
+
+
+@pytest.mark.parametrize("flags,match", [
+    (["--dp-clip", "1", "--dp-noise-multiplier", "-1"], "sigma must be"),
+    (["--dp-clip", "0", "--dp-noise-multiplier", "1"], "must be > 0"),
+    (["--dp-clip", "1", "--dp-noise-multiplier", "1", "--dp-delta", "1"], "delta must be"),
+    (["--dp-clip", "1", "--dp-target-epsilon", "0.0001"], "not reachable"),
+    (["--dp-clip", "1", "--dp-noise-multiplier", "1", "--algorithm", "fishr_inter_geo"],
+     "cannot cover"),
+    (["--dp-clip", "1", "--dp-noise-multiplier", "1", "--dp-accountant", "pld"],
+     "needs --client-sampling poisson"),
+    (["--dp-noise-multiplier", "1"], "without --dp-clip"),
+    (["--client-sampling", "sometimes"], "choose one of"),
+])
+def test_bad_dp_flags_exit_2_with_one_line(tmp_path, capsys, flags, match):
+  from fedjax_inv import cli
+  out = tmp_path / "o"
+  assert cli.main(["run", "--task", "colored_mnist", "--rounds", "3000", "--out", str(out),
+                   "--no-progress"] + flags) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and match in err[0], err
+  assert not out.exists()
+
+
+@pytest.mark.slow
+def test_cli_records_privacy_in_summary_and_epsilon_per_evaluated_round(tmp_path):
+  from fedjax_inv import cli
+  out = tmp_path / "dp"
+  assert cli.main(["run", "--task", "synthetic_hospital", "--rounds", "4", "--eval-every",
+                   "2", "--dp-clip", "0.5", "--dp-target-epsilon", "8",
+                   "--client-sampling", "poisson", "--dp-accountant", "pld",
+                   "--out", str(out), "--no-progress"]) == 0
+  s = json.loads((out / "summary.json").read_text())
+  p = s["privacy"]
+  assert p["epsilon"] <= 8 and p["accountant"] == "pld" and p["sampling"] == "poisson"
+  assert p["rounds"] == 4 and p["clip"] == 0.5 and p["noise_multiplier"] > 0
+  rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+  eps = [r["dp_epsilon"] for r in rows]
+  assert [r["round"] for r in rows] == [2, 4] and eps[0] < eps[1] == p["epsilon"]
+  assert s["hparams"]["weighting"] == "uniform"
