@@ -98,6 +98,10 @@ RUN_KEYS = {  # config key -> (type, help); every help states the default
                                  "at most this (> 0); instead of --dp-noise-multiplier; "
                                  "default off"),
     "dp_delta": (float, "DP delta in (0, 1); default 1e-5"),
+    "dp_adaptive_quantile": (float, "DP adaptive clipping (Andrew et al. 2021): the clip "
+                                    "norm starts at --dp-clip and tracks this quantile "
+                                    "(0, 1) of the client update norms; default off "
+                                    "(fixed clip)"),
     "dp_accountant": (str, "DP accountant: rdp | pld (pld needs --client-sampling "
                            "poisson); default rdp"),
     "client_sampling": (str, "fixed (exactly --clients-per-round clients) | poisson (each "
@@ -126,11 +130,12 @@ _CHECKS = {
     "validation": ("choice", ("mean", "pooled")),
     "dp_clip": ("float", None), "dp_noise_multiplier": ("float", None),
     "dp_target_epsilon": ("float", None), "dp_delta": ("float", None),
+    "dp_adaptive_quantile": ("float", None),
     "dp_accountant": ("choice", ("rdp", "pld")),
     "client_sampling": ("choice", ("fixed", "poisson")),
 }
 DP_KEYS = ("dp_clip", "dp_noise_multiplier", "dp_target_epsilon", "dp_delta",
-           "dp_accountant")
+           "dp_accountant", "dp_adaptive_quantile")
 
 
 def flag(key: str) -> str:
@@ -174,7 +179,8 @@ def dp_settings(cfg: dict):
                     delta=1e-5 if cfg.get("dp_delta") is None else float(cfg["dp_delta"]),
                     accountant=(cfg.get("dp_accountant") or "rdp").lower(),
                     sampling=(cfg.get("client_sampling") or "fixed").lower(),
-                    target_epsilon=cfg.get("dp_target_epsilon"))
+                    target_epsilon=cfg.get("dp_target_epsilon"),
+                    adaptive_quantile=cfg.get("dp_adaptive_quantile"))
 
 
 def check_run_config(cfg: dict) -> dict:

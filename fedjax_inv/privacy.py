@@ -79,6 +79,12 @@ class DPSettings:
     accountant: 'rdp' | 'pld'.
     sampling: 'fixed' | 'poisson'.
     target_epsilon: ``ε > 0`` to reach after the run's rounds (solves ``σ``), or None.
+    adaptive_quantile: ``γ`` in (0, 1): adaptive clipping (Andrew et al. 2021) — the clip
+      norm starts at ``clip`` and tracks the ``γ``-quantile of the client update norms;
+      None: a fixed clip.
+    clip_lr: ``η_C > 0``, the geometric step of the clip norm (Andrew et al.: 0.2).
+    clip_count_stddev: ``σ_b``, the noise std of the count of unclipped clients; None:
+      ``E / 20`` (Andrew et al.'s choice for E expected clients).
   """
   clip: float
   noise_multiplier: Optional[float] = None
@@ -86,6 +92,9 @@ class DPSettings:
   accountant: str = "rdp"
   sampling: str = "fixed"
   target_epsilon: Optional[float] = None
+  adaptive_quantile: Optional[float] = None
+  clip_lr: float = 0.2
+  clip_count_stddev: Optional[float] = None
 
   def check(self) -> "DPSettings":
     """Raises ValueError naming the bad value (as the CLI flag) and the fix."""
@@ -115,13 +124,28 @@ class DPSettings:
       raise ValueError("--dp-accountant pld needs --client-sampling poisson: dp-accounting's "
                        "PLD accountant does not support fixed-size sampling without "
                        "replacement; use --dp-accountant rdp, or Poisson sampling.")
+    if self.adaptive_quantile is not None and (not number(self.adaptive_quantile)
+                                               or not 0 < self.adaptive_quantile < 1):
+      raise ValueError(f"--dp-adaptive-quantile {self.adaptive_quantile!r}: the target "
+                       "quantile of the update norms must be in (0, 1), e.g. 0.5.")
+    if self.adaptive_quantile is not None and math.isinf(self.clip):
+      raise ValueError("--dp-adaptive-quantile with --dp-clip inf: the adaptive clip norm "
+                       "starts at --dp-clip; give a finite start (e.g. 0.1).")
+    if not number(self.clip_lr) or self.clip_lr <= 0:
+      raise ValueError(f"clip_lr={self.clip_lr!r}: the clip norm's step must be > 0.")
     if math.isinf(self.clip) and (self.noise_multiplier or 0) > 0:
       raise ValueError(f"--dp-clip inf with --dp-noise-multiplier {self.noise_multiplier}: "
                        "noise sigma*C would be infinite; give a finite clip.")
     return self
 
 
-def clipped_mean(clip: float, expected_cohort: Optional[float] = None) -> Aggregator:
+def global_norm(tree) -> jax.Array:
+  """The L2 norm of all leaves of ``tree`` together (float32 scalar)."""
+  return jnp.sqrt(sum(jnp.sum(jnp.square(m)) for m in jax.tree.leaves(tree)))
+
+
+def clipped_mean(clip: float, expected_cohort: Optional[float] = None,
+                 adaptive: bool = False) -> Aggregator:
   """Mean of the client updates, each clipped to L2 norm ``clip``, over a fixed
   denominator: ``(Σ_k Δ_k · min(1, C / ‖Δ_k‖)) / E``.
 
@@ -129,19 +153,24 @@ def clipped_mean(clip: float, expected_cohort: Optional[float] = None) -> Aggreg
   Poisson cohort) is absent: it adds nothing, even when its ``Δ_k`` holds inf/NaN. ``E``
   is ``expected_cohort`` (Poisson sampling: ``q N``), or, when None (fixed-size sampling,
   every slot present), the number of present clients, which is then always ``C``. The
-  noise of DP-FedAvg is :func:`dp_component`'s. Shapes: one client's update pytree (no
-  client axis); the engine sums the lifted statistics over the client axis.
+  noise of DP-FedAvg is :func:`dp_component`'s. With ``adaptive``, ``C`` is the round's
+  adaptive clip norm ``ctx.extras['dp']['clip']`` (the lift reads the client's context).
+  Shapes: one client's update pytree (no client axis); the engine sums the lifted
+  statistics over the client axis.
 
   Source: McMahan et al. 2018, Alg. 1 (``ClipFn`` flat clipping; the fixed-denominator
   estimator ``Σ Δ̃_k / (q W)`` with uniform weights).
   """
-  def lift(delta, weight):
+  def lift(delta, weight, ctx=None):
     present = weight > 0
     safe = jax.tree.map(lambda m: jnp.where(present, m, jnp.zeros_like(m)), delta)
-    norm = jnp.sqrt(sum(jnp.sum(jnp.square(m)) for m in jax.tree.leaves(safe)))
-    scale = jnp.minimum(1.0, clip / jnp.maximum(norm, jnp.finfo(jnp.float32).tiny))
+    bound = ctx.extras[NAME]["clip"] if adaptive else clip
+    scale = jnp.minimum(1.0, bound / jnp.maximum(global_norm(safe),
+                                                 jnp.finfo(jnp.float32).tiny))
     clipped = jax.tree.map(lambda m: jnp.where(present, scale * m, jnp.zeros_like(m)), safe)
     return clipped, present.astype(jnp.float32)
+
+  lift.reads_context = adaptive
 
   def finalize(stats):
     total, count = stats
@@ -153,34 +182,69 @@ def clipped_mean(clip: float, expected_cohort: Optional[float] = None) -> Aggreg
   return Aggregator(lift, finalize, f"clipped_mean[C={clip}]")
 
 
-def dp_component(clip: float, noise_multiplier: float, expected_cohort: float) -> Component:
+def dp_component(clip: float, noise_multiplier: float, expected_cohort: float,
+                 adaptive: Optional[dict] = None) -> Component:
   """The noise of DP-FedAvg as a server stage: ``Δ ← Δ + N(0, (σ C / E)² I)`` on the
   clipped mean ``Δ = S / E`` (:func:`clipped_mean`), i.e. exactly ``(S + N(0, σ²C² I)) /
   E``: the noise is calibrated to the SUM's sensitivity ``C``, then divided by the
   expected cohort ``E`` with the sum. Drawn from ``ctx.key`` (the round's server key);
   ``σ = 0`` adds nothing.
 
+  ``adaptive`` (Andrew et al. 2021, Alg. 1, geometric update): ``{'quantile': γ, 'lr':
+  η_C, 'count_stddev': σ_b, 'update_noise': σ_Δ}``. The server state is ``{'clip': C_t}``
+  (starting at ``clip``); each client also sends ``b_k = 1[‖Δ_k‖ <= C_t]``; the server
+  adds ``N(0, σ_Δ² C_t²)`` to the update sum and ``N(0, σ_b²)`` to ``Σ b_k``, and sets
+  ``C_{t+1} = C_t exp(−η_C (b̄ − γ))`` with ``b̄ = (Σ b_k + noise) / E``. With
+  ``σ_Δ = (σ^-2 − (2σ_b)^-2)^-1/2`` the two releases together are as private as one
+  Gaussian mechanism of noise multiplier ``σ`` (their Thm. 1), so the accountant charges
+  ``σ``.
+
   Raises (at trace time): ValueError when the round gives no key (a round function not
   built by ``core.engine``).
 
-  Source: McMahan et al. 2018, Alg. 1 (``M.noise``, std ``σ S / (q W)``).
+  Source: McMahan et al. 2018, Alg. 1 (``M.noise``, std ``σ S / (q W)``); Andrew et al.
+  2021, Alg. 1 and Thm. 1 (adaptive clipping).
   """
-  # sigma = 0: no noise at all (and no 0 * inf with an infinite clip)
-  std = 0.0 if noise_multiplier == 0 else float(noise_multiplier) * float(clip) / float(
-      expected_cohort)
+  E = float(expected_cohort)
+  sigma = adaptive["update_noise"] if adaptive else float(noise_multiplier)
 
-  def add_noise(mean, state, messages, ctx):
-    if std == 0:
-      return mean, state
-    if ctx.key is None:
+  def noisy(mean, state, key, bound):
+    if sigma == 0:  # no noise at all (and no 0 * inf with an infinite clip)
+      return mean
+    if key is None:
       raise ValueError("DP noise needs the round's key (Context.key); build the round "
                        "with fedjax_inv.core.engine.build_round.")
     leaves, treedef = jax.tree.flatten(mean)
-    keys = jax.random.split(ctx.key, len(leaves))
+    keys = jax.random.split(key, len(leaves))
+    std = sigma * bound / E
     return jax.tree.unflatten(treedef, [
-        t + std * jax.random.normal(k, t.shape, t.dtype) for t, k in zip(leaves, keys)]), state
+        t + std * jax.random.normal(k, t.shape, t.dtype) for t, k in zip(leaves, keys)])
 
-  return Component(NAME, server_stage=add_noise)
+  if adaptive is None:
+    return Component(NAME, server_stage=lambda mean, state, messages, ctx: (
+        noisy(mean, state, ctx.key, float(clip)), state))
+
+  def unclipped(model, kind, params, batch, ctx, key):  # b_k
+    delta = jax.tree.map(jnp.subtract, ctx.params, params)
+    return (global_norm(delta) <= ctx.extras[NAME]["clip"]).astype(jnp.float32)
+
+  def update(mean, state, messages, ctx):
+    bound = state["clip"]
+    count = messages[NAME]
+    if adaptive["count_stddev"] > 0 and sigma > 0:
+      k_update, k_count = jax.random.split(ctx.key)
+      count = count + adaptive["count_stddev"] * jax.random.normal(k_count, (), jnp.float32)
+    else:
+      k_update = ctx.key
+    b_bar = count / E
+    new = bound * jnp.exp(-adaptive["lr"] * (b_bar - adaptive["quantile"]))
+    return noisy(mean, state, k_update, bound), {"clip": new.astype(jnp.float32)}
+
+  present_sum = Aggregator(lambda m, w: jnp.where(w > 0, m, jnp.zeros_like(m)),
+                           lambda total: total, "sum")
+  return Component(NAME, message=unclipped, aggregator=present_sum,
+                   init_server=lambda params: {"clip": jnp.float32(clip)},
+                   server_stage=update)
 
 
 def not_covered(algorithm) -> list:
@@ -223,12 +287,43 @@ def apply(algorithm, settings: DPSettings, num_clients: int, cohort: int):
             dp_clip=settings.clip,
             dp_noise_multiplier=sigma, dp_delta=settings.delta,
             dp_accountant=settings.accountant, client_sampling=settings.sampling)
+  adaptive = _adaptive(settings, cohort)
+  if adaptive is not None:
+    hp.update(dp_adaptive_quantile=adaptive["quantile"], dp_clip_lr=adaptive["lr"],
+              dp_clip_count_stddev=adaptive["count_stddev"],
+              dp_update_noise_multiplier=adaptive["update_noise"])
   return algorithm.replace(
       aggregator=clipped_mean(settings.clip,
-                              cohort if settings.sampling == "poisson" else None),
+                              cohort if settings.sampling == "poisson" else None,
+                              adaptive=adaptive is not None),
       weighting="uniform",
-      components=(dp_component(settings.clip, sigma, cohort),) + algorithm.components,
+      components=(dp_component(settings.clip, sigma, cohort, adaptive),)
+      + algorithm.components,
       client_sampling=settings.sampling, hparams=hp)
+
+
+def _adaptive(settings: DPSettings, cohort: int) -> Optional[dict]:
+  """Adaptive clipping's constants (:func:`dp_component`), or None for a fixed clip.
+
+  Raises:
+    ValueError: ``σ_b`` too small for ``σ`` (``2 σ_b <= σ``: no ``σ_Δ`` keeps the total at
+      noise multiplier ``σ``)."""
+  if settings.adaptive_quantile is None:
+    return None
+  z = settings.noise_multiplier
+  count_std = (cohort / 20.0 if settings.clip_count_stddev is None
+               else float(settings.clip_count_stddev))
+  if z == 0:
+    update = 0.0
+  elif 2.0 * count_std <= z:
+    raise ValueError(f"adaptive clipping: the count noise sigma_b={count_std:g} must exceed "
+                     f"half the noise multiplier (sigma/2 = {z / 2:g}); sample more clients "
+                     "per round (sigma_b = E/20 by default) or lower the noise (Andrew et "
+                     "al. 2021, Thm. 1).")
+  else:
+    update = (z ** -2 - (2.0 * count_std) ** -2) ** -0.5
+  return {"quantile": float(settings.adaptive_quantile), "lr": float(settings.clip_lr),
+          "count_stddev": count_std if z > 0 else 0.0, "update_noise": float(update)}
 
 
 # ---------------------------------------------------------------------------------------
@@ -344,5 +439,10 @@ def record(algorithm, num_clients: int, cohort: int, rounds: int) -> Optional[di
           "delta": delta, "accountant": hp["dp_accountant"], "noise_multiplier": sigma,
           "clip": hp["dp_clip"], "sampling": hp["client_sampling"], "rounds": rounds,
           "clients_per_round": cohort, "num_clients": num_clients,
-          "covered": "the client updates (pseudo-gradient), client level",
-          "not_covered": not_covered(algorithm)}
+          "covered": "the client updates (pseudo-gradient), client level"
+                     + (", and the adaptive clip's count of unclipped clients"
+                        if "dp_adaptive_quantile" in hp else ""),
+          "not_covered": not_covered(algorithm),
+          **{k[3:]: hp[k] for k in ("dp_adaptive_quantile", "dp_clip_lr",
+                                    "dp_clip_count_stddev", "dp_update_noise_multiplier")
+             if k in hp}}

@@ -143,9 +143,10 @@ def test_clipping_bounds_every_norm_and_keeps_small_updates():
                                        for v in jax.tree.leaves(clipped))
 
 
-def _reference_dp_round(data, model, params, key, rnd, clip, sampling):
+def _reference_dp_round(data, model, params, key, rnd, clip, sampling, norms=None):
   """One DP-FedAvg round (sigma = 0) as a NumPy loop: the documented sampling, plain SGD
-  local steps, flat clipping, sum over the sampled clients / E."""
+  local steps, flat clipping, sum over the sampled clients / E. ``norms``: a list that
+  receives each sampled client's update norm."""
   from tests.reference import batch_indices, loss_fn, tmap
   k_sample, k_clients = jax.random.split(jax.random.fold_in(key, rnd))
   if sampling == "poisson":
@@ -164,6 +165,8 @@ def _reference_dp_round(data, model, params, key, rnd, clip, sampling):
       p = tmap(lambda w, g: w - 0.1 * g, p, grad(p, x, y, np.ones(len(b), np.float32)))
     d = tmap(lambda a, b: np.asarray(a, np.float64) - np.asarray(b, np.float64), params, p)
     norm = math.sqrt(sum(float(np.sum(v * v)) for v in jax.tree.leaves(d)))
+    if norms is not None:
+      norms.append(norm)
     total = tmap(lambda t, v: t + v * min(1.0, clip / norm), total, d)
   return tmap(lambda w, t: np.asarray(w, np.float64) - t / C, params, total), len(idx)
 
@@ -261,6 +264,76 @@ def test_dp_resume_is_bit_identical(pool, tmp_path):
   assert full.privacy["epsilon"] == full.history[-1]["dp_epsilon"]
 
 
+# --------------------------------------------------------------- adaptive clipping
+
+
+def _adaptive(alg, clip, sigma, quantile=0.5, **kw):
+  s = privacy.DPSettings(clip=clip, noise_multiplier=sigma, adaptive_quantile=quantile,
+                         **kw).check()
+  return privacy.apply(alg, s, N, C)
+
+
+def test_adaptive_clip_update_equals_its_formula_on_a_numpy_loop(pool):
+  """Andrew et al. 2021, Alg. 1 with sigma = 0: the round clips at C_0, and the next clip
+  is C_0 exp(-eta (b - gamma)), b the fraction of the round's clients with norm <= C_0."""
+  data, model = pool
+  norms = []
+  _reference_dp_round(data, model, model.init(0), jax.random.key(0), 0, 1.0, "fixed", norms)
+  c0, eta, gamma = float(np.median(norms)), 0.2, 0.3  # the start clips about half
+  alg = _adaptive(_fedavg(), c0, 0.0, gamma)
+  server, _, _ = _rounds(alg, data, model, 1)
+  norms = []
+  want, _ = _reference_dp_round(data, model, model.init(0), jax.random.key(0), 0, c0,
+                                "fixed", norms)
+  chex.assert_trees_all_close(server.params, want, rtol=2e-5, atol=1e-6)
+  b = np.mean([n <= c0 for n in norms])
+  assert 0 < b < 1  # the start clips some clients and not others
+  assert float(server.extras["dp"]["clip"]) == pytest.approx(c0 * math.exp(-eta * (b - gamma)),
+                                                              rel=1e-6)
+
+
+@pytest.mark.parametrize("c0", [1e-3, 10.0])
+def test_adaptive_clip_moves_to_the_target_quantile_from_either_side(pool, c0):
+  data, model = pool
+  alg = _adaptive(_fedavg(), c0, 0.0, 0.5)
+  rf = build_round(model, "binary", alg, N, C, execution="scan")
+  server, cs = init_state(alg, model.init(0), N)
+  clips = []
+  for _ in range(60):
+    server, cs, _ = rf(server, cs, data, jax.random.key(4))
+    clips.append(float(server.extras["dp"]["clip"]))
+  # from far below it grows, from far above it shrinks, to the same neighbourhood
+  assert (clips[-1] > 20 * c0) if c0 < 0.01 else (clips[-1] < c0 / 20)
+  assert 0.01 < clips[-1] < 1.0
+
+
+def test_adaptive_noise_split_and_its_checks():
+  """sigma_update = (z^-2 - (2 sigma_b)^-2)^-1/2 (Andrew et al., Thm. 1); sigma_b must
+  exceed z / 2; the accountant charges z."""
+  alg = _adaptive(_fedavg(), 0.1, 1.0, 0.5, clip_count_stddev=2.0)
+  hp = alg.hparams
+  assert hp["dp_update_noise_multiplier"] == pytest.approx((1 - 1 / 16) ** -0.5)
+  assert hp["dp_clip_count_stddev"] == 2.0 and hp["dp_noise_multiplier"] == 1.0
+  assert _adaptive(_fedavg(), 0.1, 0.8, 0.5).hparams["dp_clip_count_stddev"] == C / 20
+  with pytest.raises(ValueError, match="must exceed half the noise multiplier"):
+    _adaptive(_fedavg(), 0.1, 3.0, 0.5, clip_count_stddev=1.0)
+  with pytest.raises(ValueError, match="quantile"):
+    privacy.DPSettings(clip=0.1, noise_multiplier=1.0, adaptive_quantile=1.0).check()
+  rec = privacy.record(alg, N, C, 3)
+  assert rec["adaptive_quantile"] == 0.5 and "count of unclipped" in rec["covered"]
+  assert rec["epsilon"] == privacy.epsilon(1.0, 1e-5, "rdp", "fixed", N, C, 3)
+
+
+def test_adaptive_with_noise_runs_under_every_strategy_alike(pool):
+  data, model = pool
+  alg = _adaptive(_fedavg(), 0.05, 1.0, 0.5, sampling="poisson", clip_count_stddev=2.0)
+  ref = _rounds(alg, data, model, 3, "scan")[0]
+  for ex in ("vmap", "chunked"):
+    got = _rounds(alg, data, model, 3, ex)[0]
+    chex.assert_trees_all_close(got.params, ref.params, rtol=1e-5, atol=1e-6)
+    chex.assert_trees_all_close(got.extras["dp"], ref.extras["dp"], rtol=1e-5)
+
+
 # --------------------------------------------------------------------------- coverage
 
 
@@ -289,6 +362,8 @@ def test_what_dp_covers_is_recorded_and_non_mean_servers_are_refused():
      "needs --client-sampling poisson"),
     (["--dp-noise-multiplier", "1"], "without --dp-clip"),
     (["--client-sampling", "sometimes"], "choose one of"),
+    (["--dp-clip", "1", "--dp-noise-multiplier", "1", "--dp-adaptive-quantile", "2"],
+     "quantile"),
 ])
 def test_bad_dp_flags_exit_2_with_one_line(tmp_path, capsys, flags, match):
   from fedjax_inv import cli

@@ -30,11 +30,19 @@ class Aggregator(NamedTuple):
 
   A ``finalize`` function with an attribute ``traced`` (a tuple of hyperparameter names,
   see :func:`traced_names`) also accepts ``hparams={name: float32 scalar}``: a sweep
-  replica's traced values (``core.algorithm.HPARAMS``), e.g. FedGMA's ``tau``.
+  replica's traced values (``core.algorithm.HPARAMS``), e.g. FedGMA's ``tau``. A ``lift``
+  function with the attribute ``reads_context = True`` is called ``lift(message, weight,
+  ctx=Context)`` with the client's context (DP's adaptive clip norm in
+  ``ctx.extras``; :func:`reads_context`).
   """
   lift: Callable[[PyTree, jax.Array], PyTree]
   finalize: Callable[[PyTree], PyTree]
   name: str = "aggregator"
+
+
+def reads_context(aggregator: Aggregator) -> bool:
+  """Whether ``aggregator.lift`` takes the client's ``ctx`` keyword (see Aggregator)."""
+  return bool(getattr(aggregator.lift, "reads_context", False))
 
 
 def traced_names(aggregator: Aggregator) -> tuple:

@@ -41,7 +41,7 @@ from fedjax_inv.core.client import (  # noqa: F401
     batch_indices, client_context, client_outputs, default_forward, eval_logits_fn,
     full_batch, local_train, make_objective, step_gradient)
 from fedjax_inv.core.state import ServerState, init_state  # noqa: F401
-from fedjax_inv.core.aggregator import traced_names, weighted_mean
+from fedjax_inv.core.aggregator import reads_context, traced_names, weighted_mean
 from fedjax_inv.core.data import ClientData
 
 PyTree = Any
@@ -385,10 +385,10 @@ def round_parts(model, kind: str, algorithm: Algorithm, num_clients: int,
   def row(i):  # the pool row of slot index i (an empty Poisson slot reads row N-1)
     return jnp.minimum(i, num_clients - 1) if poisson else i
 
-  def lifted(agg, message, w, i):
-    """``agg.lift``; an empty Poisson slot lifts to zeros (the sums' identity), whatever
-    the aggregator does with a weight of 0."""
-    stats = agg.lift(message, w)
+  def lifted(agg, message, w, i, ctx=None):
+    """``agg.lift`` (given the client's ``ctx`` when it reads it); an empty Poisson slot
+    lifts to zeros (the sums' identity), whatever the aggregator does with a weight of 0."""
+    stats = agg.lift(message, w, ctx=ctx) if reads_context(agg) else agg.lift(message, w)
     if poisson:
       stats = jax.tree.map(lambda a: jnp.where(i < num_clients, a, jnp.zeros_like(a)),
                            stats)
@@ -433,14 +433,14 @@ def round_parts(model, kind: str, algorithm: Algorithm, num_clients: int,
                                                  k_train, opt_state)
     delta = jax.tree.map(jnp.subtract, server.params, params)
     w = weight_of(n, i)
-    stats = {"__main__": lifted(algorithm.aggregator, delta, w, i),
+    stats = {"__main__": lifted(algorithm.aggregator, delta, w, i, ctx),
              "__loss__": (jnp.where(w > 0, w * jnp.mean(step_losses), 0.0), w)}
     new_cs = dict(cs)
     batch = full_batch(x, y, n)
     for c in after_comps:
       msg, new_state = client_outputs(model, kind, c, params, batch, ctx, k_msg)
       if c.message is not None:
-        stats[c.name] = lifted(c.aggregator or mean_agg, msg, w, i)
+        stats[c.name] = lifted(c.aggregator or mean_agg, msg, w, i, ctx)
       if c.update_client is not None and c.name in cs:
         new_cs[c.name] = new_state
     if persistent:  # the client keeps its optimizer state for its next round
