@@ -49,6 +49,7 @@ from typing import Optional
 
 import jax
 import jax.numpy as jnp
+import optax
 
 from fedjax_inv.core.aggregator import Aggregator
 from fedjax_inv.core.algorithm import Component
@@ -139,11 +140,6 @@ class DPSettings:
     return self
 
 
-def global_norm(tree) -> jax.Array:
-  """The L2 norm of all leaves of ``tree`` together (float32 scalar)."""
-  return jnp.sqrt(sum(jnp.sum(jnp.square(m)) for m in jax.tree.leaves(tree)))
-
-
 def clipped_mean(clip: float, expected_cohort: Optional[float] = None,
                  adaptive: bool = False) -> Aggregator:
   """Mean of the client updates, each clipped to L2 norm ``clip``, over a fixed
@@ -165,7 +161,7 @@ def clipped_mean(clip: float, expected_cohort: Optional[float] = None,
     present = weight > 0
     safe = jax.tree.map(lambda m: jnp.where(present, m, jnp.zeros_like(m)), delta)
     bound = ctx.extras[NAME]["clip"] if adaptive else clip
-    scale = jnp.minimum(1.0, bound / jnp.maximum(global_norm(safe),
+    scale = jnp.minimum(1.0, bound / jnp.maximum(optax.tree.norm(safe),
                                                  jnp.finfo(jnp.float32).tiny))
     clipped = jax.tree.map(lambda m: jnp.where(present, scale * m, jnp.zeros_like(m)), safe)
     return clipped, present.astype(jnp.float32)
@@ -226,7 +222,7 @@ def dp_component(clip: float, noise_multiplier: float, expected_cohort: float,
 
   def unclipped(model, kind, params, batch, ctx, key):  # b_k
     delta = jax.tree.map(jnp.subtract, ctx.params, params)
-    return (global_norm(delta) <= ctx.extras[NAME]["clip"]).astype(jnp.float32)
+    return (optax.tree.norm(delta) <= ctx.extras[NAME]["clip"]).astype(jnp.float32)
 
   def update(mean, state, messages, ctx):
     bound = state["clip"]
