@@ -51,6 +51,10 @@ class LoopRound:
     if algorithm.client_sampling != "fixed":
       raise ValueError(f"client_sampling={algorithm.client_sampling!r}: the loop baseline "
                        "runs fixed-size cohorts only; use the engine (build_round).")
+    if (algorithm.attack is not None or algorithm.participation is not None
+        or algorithm.aggregator.gather):
+      raise ValueError("the loop baseline runs plain rounds only (no attack, participation "
+                       "or gathered aggregator); use the engine (build_round).")
     self.cohort = int(clients_per_round)
     self.strategy = "loop"
     self._compiled = None
@@ -59,7 +63,7 @@ class LoopRound:
 
     def inp(pool_cs, data, idx, ckeys, j):
       i = idx[j]
-      return i, data.n[i], jax.tree.map(lambda a: a[i], pool_cs), ckeys[j]
+      return i, data.n[i], jax.tree.map(lambda a: a[i], pool_cs), ckeys[j], {}
 
     def pre_acc(acc, server, pool_cs, data, idx, ckeys, j):
       stats = p.pre_client(server, data, inp(pool_cs, data, idx, ckeys, j))
@@ -78,7 +82,7 @@ class LoopRound:
     def pre_stats(server, pool_cs, data, idx, ckeys, j):
       return p.pre_client(server, data, inp(pool_cs, data, idx, ckeys, j))
 
-    self._fns = dict(sample=p.sample, pre_stats=pre_stats, pre_acc=pre_acc,
+    self._fns = dict(sample=lambda server, key: p.sample(server, key)[:2], pre_stats=pre_stats, pre_acc=pre_acc,
                      pre_finish=p.pre_finish, client_stats=client_stats,
                      client_acc=client_acc, finish=p.finish)
 

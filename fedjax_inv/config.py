@@ -27,6 +27,10 @@ RUN_KEYS = {  # config key -> (type, help); every help states the default
     "rounds": (int, "communication rounds >= 1; default: the task's"),
     "clients_per_round": (int, "clients sampled per round, 1..#clients; default: all"),
     "local_steps": (int, "local optimizer steps per round >= 1; default: the task's"),
+    "local_epochs": (int, "local epochs per round >= 1: client i runs E*ceil(n_i/B) steps "
+                          "of batch B over its own data (clients of different sizes run "
+                          "different step counts); replaces --local-steps; default: the "
+                          "task's (femnist, shakespeare, cifar100_fed: 1), else none"),
     "batch_size": (str, "local minibatch size >= 1, or 'full' for the whole client data; "
                         "default: the task's"),
     "lr": (float, "client learning rate > 0; default: the task's"),
@@ -66,7 +70,12 @@ RUN_KEYS = {  # config key -> (type, help); every help states the default
                               "--resume continues it bit-identically; default off"),
     "data_dir": (str, "directory with raw dataset files (or $FEDJAX_INV_DATA_DIR); "
                       "default: none"),
-    "source": (str, "data source: auto | raw | tfds | bundled; default auto"),
+    "task_arg": (list, "a task argument NAME=VALUE (repeatable), e.g. num_clients=100, "
+                       "heldout_writers=0.1 or max_examples=500; the task's docstring "
+                       "(fedjax-inv list) names them; default none"),
+    "source": (str, "data source: auto | raw | tfds | bundled | synthetic (femnist, "
+                    "shakespeare, cifar100_fed: a generated pool of the real shape); "
+                    "default auto"),
     "download": (bool, "download missing raw data (opt-in; short timeout); default off"),
     "hp": (list, "algorithm hyperparameter NAME=VALUE, or ALGORITHM.NAME=VALUE for one "
                  "algorithm only (repeatable), e.g. mu=0.1, fedprox.mu=0.1; default none"),
@@ -107,6 +116,23 @@ RUN_KEYS = {  # config key -> (type, help); every help states the default
     "client_sampling": (str, "fixed (exactly --clients-per-round clients) | poisson (each "
                              "client independently with probability C/N, the DP "
                              "accountants' assumption); default fixed"),
+    "attack": (str, "malicious clients (issue 26): sign_flip | scale | gaussian | "
+                    "label_flip | alie | ipm, by --attack-fraction of the pool (drawn from "
+                    "the seed); default none"),
+    "attack_fraction": (float, "fraction of the pool that attacks, in [0, 1); default 0.1 "
+                               "with --attack"),
+    "attack_scale": (float, "the scale attack's factor lambda; default: the cohort size "
+                            "(model replacement)"),
+    "bucketing": (int, "bucket size s >= 1 around a robust --aggregator (Karimireddy et al. "
+                       "2022); default none"),
+    "availability": (float, "probability in (0, 1] that a pool client is online when the "
+                            "cohort is drawn; default 1"),
+    "dropout": (float, "probability in [0, 1) that a selected client never returns; the "
+                       "server aggregates the others; default 0"),
+    "stragglers": (float, "probability in [0, 1) that a selected client is a straggler and "
+                          "runs Uniform{1..K-1} of its K local steps; default 0"),
+    "straggler_mode": (str, "keep (aggregate the stragglers' partial work, FedProx) | drop "
+                            "(discard them, FedAvg); default keep"),
     "log": (str, "experiment logs besides metrics.jsonl and summary.json, comma-separated: "
                  "tensorboard (OUT/tensorboard/), wandb (offline unless WANDB_MODE or "
                  "WANDB_API_KEY is set), csv (OUT/metrics.csv); needs "
@@ -121,11 +147,12 @@ _CHECKS = {
     "rounds_per_call": ("int", 1), "search": ("int", 1), "search_seed": ("int", 0),
     # the hyperparameter flags: their rule is the schema's (algorithms/schema.py)
     "lr": ("hparam", None), "server_lr": ("hparam", None), "tau": ("hparam", None),
-    "local_steps": ("hparam", None), "client_optimizer": ("hparam", None),
+    "local_steps": ("hparam", None), "local_epochs": ("hparam", None),
+    "client_optimizer": ("hparam", None),
     "execution": ("choice", ("auto", "rule", "vmap", "scan", "chunked", "probe")),
     "devices": ("devices", None), "log": ("loggers", None),
     "replicas": ("choice", ("auto", "batched", "sequential")),
-    "source": ("choice", ("auto", "raw", "tfds", "bundled")),
+    "source": ("choice", ("auto", "raw", "tfds", "bundled", "synthetic")),
     "reporting": ("choice", ("auto", "none")),
     "validation": ("choice", ("mean", "pooled")),
     "dp_clip": ("float", None), "dp_noise_multiplier": ("float", None),
@@ -133,6 +160,10 @@ _CHECKS = {
     "dp_adaptive_quantile": ("float", None),
     "dp_accountant": ("choice", ("rdp", "pld")),
     "client_sampling": ("choice", ("fixed", "poisson")),
+    "attack": ("choice", ("sign_flip", "scale", "gaussian", "label_flip", "alie", "ipm")),
+    "attack_fraction": ("float", None), "attack_scale": ("float", None),
+    "bucketing": ("int", 1), "availability": ("float", None), "dropout": ("float", None),
+    "stragglers": ("float", None), "straggler_mode": ("choice", ("keep", "drop")),
 }
 DP_KEYS = ("dp_clip", "dp_noise_multiplier", "dp_target_epsilon", "dp_delta",
            "dp_accountant", "dp_adaptive_quantile")
@@ -265,6 +296,9 @@ def check_run_config(cfg: dict) -> dict:
       for item in v:
         name = item.split("=", 1)[0].strip()
         if "=" not in item or not name or name.startswith(".") or name.endswith("."):
+          if key == "task_arg":
+            raise ValueError(f"{f} {item!r}: use NAME=VALUE, e.g. --task-arg "
+                             "num_clients=100.")
           raise ValueError(f"{f} {item!r}: expected NAME=VALUE or ALGORITHM.NAME=VALUE, "
                            "e.g. --hp mu=0.1 or --hp fedprox.mu=0.1.")
       v = list(v)
@@ -306,6 +340,45 @@ def _parse_value(s: str):
     return json.loads(s)
   except json.JSONDecodeError:
     return s
+
+
+def robustness_settings(cfg: dict) -> dict:
+  """``{'attack': Attack | None, 'participation': Participation | None, 'bucket': int |
+  None}`` from ``--attack*``, ``--availability``, ``--dropout``, ``--stragglers``,
+  ``--straggler-mode`` and ``--bucketing`` (checked by ``fedjax_inv.robust.configure``).
+  Raises ValueError for an attack setting without ``--attack``."""
+  from fedjax_inv.core.adversary import Attack, Participation
+  attack = None
+  if cfg.get("attack"):
+    attack = Attack(str(cfg["attack"]), float(cfg.get("attack_fraction") if
+                                              cfg.get("attack_fraction") is not None else 0.1),
+                    scale=cfg.get("attack_scale"))
+  elif cfg.get("attack_fraction") is not None or cfg.get("attack_scale") is not None:
+    raise ValueError("--attack-fraction / --attack-scale need --attack NAME.")
+  keys = ("availability", "dropout", "stragglers", "straggler_mode")
+  part = None
+  if any(cfg.get(k) is not None for k in keys):
+    defaults = Participation()
+    part = Participation(**{k: cfg[k] if cfg.get(k) is not None else getattr(defaults, k)
+                            for k in keys})
+  return {"attack": attack, "participation": part, "bucket": cfg.get("bucketing")}
+
+
+def task_arguments(cfg: dict) -> dict:
+  """``{name: value}`` from ``--task-arg NAME=VALUE`` items (values parsed as JSON, else
+  kept as strings). Raises ValueError for an item without ``=`` or a reserved name."""
+  out = {}
+  for item in cfg.get("task_arg") or []:
+    name, eq, value = str(item).partition("=")
+    name = name.strip()
+    if not eq or not name.isidentifier():
+      raise ValueError(f"--task-arg {item!r}: use NAME=VALUE, e.g. --task-arg "
+                       "num_clients=100.")
+    if name in ("seed", "data_dir", "source", "download", "holdout"):
+      flag = "--holdout" if name == "holdout" else "--" + name.replace("_", "-")
+      raise ValueError(f"--task-arg {name}: set it with {flag} instead.")
+    out[name] = _parse_value(value.strip())
+  return out
 
 
 def load_config(path: str) -> dict:

@@ -272,21 +272,39 @@ def _sweep_points(cfg: dict, algos, per_algo: dict):
 def run_transform(cfg: dict, task, cohort: int, rounds: int):
   """``Algorithm -> Algorithm`` for the run-level settings that change every algorithm of
   the run the same way: client-level DP (``--dp-*``: ``fedjax_inv.privacy.apply``, with
-  sigma solved from ``--dp-target-epsilon``) and ``--client-sampling``.
+  sigma solved from ``--dp-target-epsilon``), ``--client-sampling``, and attacks,
+  participation and bucketing (``--attack``, ``--dropout``, ...:
+  ``fedjax_inv.robust.configure``).
 
   Raises:
     ValueError: an unreachable ``--dp-target-epsilon`` (before any compile)."""
-  from fedjax_inv import config, privacy
+  from fedjax_inv import config, privacy, robust
   dp = config.dp_settings(cfg)
   n = task.train.num_clients
+  rb = config.robustness_settings(cfg)
+  num_classes = int(task.train.y.max()) + 1 if task.kind != "regression" else 0
+  for k in ("attack", "participation"):  # checked once, before any algorithm is built
+    if rb[k] is not None:
+      rb[k] = rb[k].check()
+  if rb["attack"] is not None and rb["attack"].name == "label_flip" and \
+      task.kind == "regression":
+    raise ValueError(f"--attack label_flip needs a classification task; {task.name!r} is "
+                     "regression.")
+
+  def robustness(alg):  # attacks, participation, bucketing (issue 26)
+    if rb["attack"] is None and rb["participation"] is None and rb["bucket"] is None:
+      robust.check_cohort(alg.aggregator, cohort)  # Krum's C > 2f + 2
+      return alg
+    return robust.configure(alg, **rb, cohort=cohort, num_classes=num_classes,
+                            kind=task.kind)
   if dp is not None:
     dp = privacy.resolve(dp, n, cohort, rounds)
-    return lambda alg: privacy.apply(alg, dp, n, cohort)
+    return lambda alg: robustness(privacy.apply(alg, dp, n, cohort))
   sampling = (cfg.get("client_sampling") or "fixed").lower()
   if sampling == "fixed":
-    return lambda alg: alg
-  return lambda alg: alg.replace(client_sampling=sampling,
-                                 hparams={**alg.hparams, "client_sampling": sampling})
+    return robustness
+  return lambda alg: robustness(alg.replace(
+      client_sampling=sampling, hparams={**alg.hparams, "client_sampling": sampling}))
 
 
 def _build_algorithms(algos, per_algo: dict, pts: dict, task, transform=lambda a: a):
@@ -373,7 +391,8 @@ def plan_experiment(cfg: dict, overrides=None, *, task_kwargs=None, seeds=None,
     check_hparams(a, dict(per_algo[a]))
   _, pts, search_info = _sweep_points(cfg, algos, per_algo)
   tkw = {"data_dir": cfg.get("data_dir"), "source": cfg.get("source") or "auto",
-         "download": bool(cfg.get("download")), **(task_kwargs or {})}
+         "download": bool(cfg.get("download")), **config.task_arguments(cfg),
+         **(task_kwargs or {})}
   if "holdout" in tkw:
     raise ValueError("task_kwargs must not set 'holdout'; choose held-out domains with "
                      "--holdout (holdouts=...) instead.")
@@ -388,11 +407,7 @@ def plan_experiment(cfg: dict, overrides=None, *, task_kwargs=None, seeds=None,
     return default if cfg.get(key) is None else cfg[key]
   rounds = int(given("rounds", task.defaults.get("rounds", 100)))
   eval_every = given("eval_every", task.defaults.get("eval_every"))
-  cohort = int(given("clients_per_round", task.train.num_clients))
-  if not 1 <= cohort <= task.train.num_clients:
-    raise ValueError(f"--clients-per-round {cohort}: the task has "
-                     f"{task.train.num_clients} training clients"
-                     + (" per held-out domain." if domains else "."))
+  cohort = _cohort(cfg, task, domains)
   from fedjax_inv import executor, simulation
   if jax.process_count() > 1:
     _check_multiprocess(cfg)
@@ -429,6 +444,19 @@ def plan_experiment(cfg: dict, overrides=None, *, task_kwargs=None, seeds=None,
                     else int(mesh.devices.size)),
       out=out, resume=resume, overwrite=bool(cfg.get("overwrite")), sweep_notes={},
       holdout_note=None, ran_batched=False)
+
+
+def _cohort(cfg: dict, task, domains) -> int:
+  """Clients per round: ``--clients-per-round``, else the task's default (e.g. 10 of
+  FEMNIST's 3,400), else every client. Raises ValueError outside ``1..N``."""
+  n = task.train.num_clients
+  given = cfg.get("clients_per_round")
+  cohort = int(given if given is not None else min(task.defaults.get("clients_per_round",
+                                                                     n), n))
+  if not 1 <= cohort <= n:
+    raise ValueError(f"--clients-per-round {cohort}: the task has {n} training clients"
+                     + (" per held-out domain." if domains else "."))
+  return cohort
 
 
 def _check_multiprocess(cfg: dict) -> None:
@@ -515,8 +543,11 @@ def open_output(pl, stream):
   outputs.write_jsonl(out / "metrics.jsonl", [
       executor.metrics_row(k, e) for k, r in done.items() for e in r["history"]])
   task = pl.task
+  sizes = [int(v) for v in task.train.n]
+  sizes_txt = (f"sizes {sizes}" if len(sizes) <= 20 else
+               f"sizes {min(sizes)}..{max(sizes)}, median {sorted(sizes)[len(sizes) // 2]}")
   print(f"task {task.name}: {task.train.num_clients} training clients "
-        f"(sizes {list(map(int, task.train.n))}), eval sets {list(task.eval_sets)}; "
+        f"({sizes_txt}), eval sets {list(task.eval_sets)}; "
         f"data: {task.info.get('data_note', task.info.get('dataset_source', 'generated'))}"
         + (f"; held-out domains {pl.holdouts} of {pl.domains}" if pl.domains else "")
         + f"; writing {out}/", file=stream)

@@ -14,6 +14,7 @@ import numpy as np
 
 from fedjax_inv import auto_strategy, checkpoint, privacy
 from fedjax_inv.core import multihost
+from fedjax_inv.core.data import padding_overhead
 from fedjax_inv.core.engine import build_round, client_mesh, init_state
 from fedjax_inv.eval import build_evaluator, summarize
 from fedjax_inv.eval import reporting as reporting_lib
@@ -48,6 +49,9 @@ class RunResult:
     privacy: with client-level DP (``fedjax_inv.privacy.apply``): ``epsilon`` at
       ``delta`` after the run, the accountant, noise multiplier, clip, sampling, rounds
       and what is not covered (:func:`fedjax_inv.privacy.record`); else None.
+    padding: padded examples ÷ real examples of the pool (``pool``) and of the local
+      training's computation (``compute``) under the strategy that ran
+      (:func:`fedjax_inv.core.data.padding_overhead`).
   """
   history: list
   final: dict
@@ -61,6 +65,7 @@ class RunResult:
   reporting: dict = dataclasses.field(default_factory=dict)
   probe: dict | None = None
   privacy: dict | None = None
+  padding: dict | None = None
 
   def report(self) -> dict:
     """The reporting part for ``summary.json``: ``selected``, ``last_k_mean`` and
@@ -76,13 +81,16 @@ class RunResult:
       out["execution_probe"] = self.probe
     if self.privacy:
       out["privacy"] = self.privacy
+    if self.padding:
+      out["padding"] = self.padding
     return out
 
 
 def evaluate_all(evaluate, params, task, reporting=None, predict_fn=None) -> dict:
   """Pooled metrics for the training clients (``train_*``) and each evaluation set, plus
   the ranking / fairness metrics of ``reporting`` (``fedjax_inv.eval.reporting``)."""
-  per = {"train": evaluate(params, task.train)}
+  per = {"train": evaluate(params, task.train_for_eval()
+                           if hasattr(task, "train_for_eval") else task.train)}
   for name, data in task.eval_sets.items():
     per[name] = evaluate(params, data)
   out = {}
@@ -280,6 +288,8 @@ def prepare(task, algorithm, rounds, clients_per_round, execution, chunk_size,
       model=model, round_fn=round_fn, rounds_per_call=int(rounds_per_call),
       evaluate=evaluate, predict_fn=predict_fn, probe=probe,
       privacy=privacy.record(algorithm, num_clients, cohort, rounds),
+      padding=padding_overhead(task.train, algorithm, cohort, round_fn.strategy,
+                               getattr(round_fn, "chunk_size", None)),
       dp_epsilon=(None if "dp_clip" not in algorithm.hparams else
                   lambda r: privacy.record(algorithm, num_clients, cohort, r)["epsilon"]))
 
@@ -500,7 +510,7 @@ class _Replicas:
           last_k_mean=reporting_lib.last_k_mean(h, rep.last_k, p.rounds)
           if rep.last_k else None,
           reporting=rep.to_dict() if rep else {}, probe=probe,
-          privacy=getattr(p, "privacy", None)))
+          privacy=getattr(p, "privacy", None), padding=getattr(p, "padding", None)))
     return out
 
 

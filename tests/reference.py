@@ -97,6 +97,21 @@ def batch_indices(client_key, local_steps, n, batch_size):
   return list(np.asarray(jax.random.randint(kb, (local_steps, batch_size), 0, n)))
 
 
+def epoch_batches(client_key, epochs, n, n_max, batch_size):
+  """The engine's documented epoch draw (``Algorithm.local_epochs``): batch key -> one key
+  per epoch -> ``uniform [n_max]``; the epoch's order sorts the real rows ``[0, n)`` by
+  that draw; consecutive slices of ``batch_size`` (the last one shorter) are the steps.
+  Returns the list of index arrays (real rows only: padding never enters a batch here)."""
+  k_train, _ = jax.random.split(client_key)
+  kb, _ = jax.random.split(k_train)
+  out = []
+  for ke in jax.random.split(kb, epochs):
+    u = np.asarray(jax.random.uniform(ke, (n_max,)))[:n]
+    order = sorted(range(n), key=lambda j: u[j])
+    out += [np.array(order[s:s + batch_size]) for s in range(0, n, batch_size)]
+  return out
+
+
 def loss_fn(model, kind, params, x, y, w):
   return mean_loss(kind, model.apply(params, x), y, w)
 
@@ -108,8 +123,15 @@ def tmap(f, *trees):
 def reference_run(model, kind, data, params, *, rounds, cohort, key, local_steps,
                   batch_size, client_lr, client_momentum=None, server="sgd",
                   server_lr=1.0, server_momentum=0.9, b1=0.9, b2=0.99, tau=1e-3,
-                  weighting="num_examples", mu=0.0, scaffold=False):
-  """Runs ``rounds`` rounds with a Python loop over clients and returns the params."""
+                  weighting="num_examples", mu=0.0, scaffold=False, local_epochs=None,
+                  clients=None, labels=None, steps=None, updates=None, aggregate=None):
+  """Runs ``rounds`` rounds with a Python loop over clients and returns the params.
+
+  Hooks (issue 26; each gets plain numpy / Python values): ``clients(rnd, idx, ckeys)
+  -> kept slot positions`` (dropout, availability); ``labels(i, y) -> y`` (label
+  flipping of pool client ``i``); ``steps(ck, K) -> steps run`` (stragglers);
+  ``updates(rnd, idx, deltas) -> deltas`` (attacks on the updates); ``aggregate(deltas,
+  weights) -> pseudo-gradient`` (robust aggregators; default the weighted mean)."""
   N = data.num_clients
   x_all, y_all, n_all = (np.asarray(data.x), np.asarray(data.y), np.asarray(data.n))
   m_state = tmap(jnp.zeros_like, params)
@@ -119,13 +141,24 @@ def reference_run(model, kind, data, params, *, rounds, cohort, key, local_steps
   grad = jax.jit(jax.grad(lambda p, x, y, w: loss_fn(model, kind, p, x, y, w)))
   for rnd in range(rounds):
     idx, ckeys = round_keys(key, rnd, N, cohort)
+    if clients is not None:
+      keep = clients(rnd, idx, ckeys)
+      idx, ckeys = [idx[j] for j in keep], [ckeys[j] for j in keep]
     deltas, weights, dcs = [], [], []
     for i, ck in zip(idx, ckeys):
       n = int(n_all[i])
       xi, yi = x_all[i], y_all[i]
+      if labels is not None:
+        yi = labels(int(i), yi)
       p = params
       mom = tmap(jnp.zeros_like, params)
-      for bidx in batch_indices(ck, local_steps, n, batch_size):
+      if local_epochs is None:
+        batches = batch_indices(ck, local_steps, n, batch_size)
+      else:
+        batches = epoch_batches(ck, local_epochs, n, len(xi), batch_size)
+      if steps is not None:
+        batches = batches[:steps(ck, len(batches))]
+      for bidx in batches:
         if bidx is None:
           xb, yb, wb = xi, yi, (np.arange(len(xi)) < n).astype(np.float32)
         else:
@@ -142,12 +175,18 @@ def reference_run(model, kind, data, params, *, rounds, cohort, key, local_steps
       deltas.append(tmap(jnp.subtract, params, p))
       weights.append(float(n) if weighting == "num_examples" else 1.0)
       if scaffold:
-        ci_new = tmap(lambda ci, c, x0, y: ci - c + (x0 - y) / (local_steps * client_lr),
+        k_i = len(batches)
+        ci_new = tmap(lambda ci, c, x0, y: ci - c + (x0 - y) / (k_i * client_lr),
                       c_clients[i], c_server, params, p)
         dcs.append(tmap(jnp.subtract, ci_new, c_clients[i]))
         c_clients[i] = ci_new
+    if updates is not None:
+      deltas = updates(rnd, list(idx), deltas)
     wsum = sum(weights)
-    pg = tmap(lambda *ds: sum(w * d for w, d in zip(weights, ds)) / wsum, *deltas)
+    if aggregate is not None:
+      pg = aggregate(deltas, weights)
+    else:
+      pg = tmap(lambda *ds: sum(w * d for w, d in zip(weights, ds)) / wsum, *deltas)
     if scaffold:
       mean_dc = tmap(lambda *ds: sum(ds) / len(ds), *dcs)
       c_server = tmap(lambda c, d: c + (cohort / N) * d, c_server, mean_dc)

@@ -87,6 +87,33 @@ CASES = [  # (argv, text the one-line message must contain)
     (["run", "--config", "unknown.yaml"], "unknown keys ['learning_rate']"),
     (["run", "--config", "hp_abc.yaml"], "--hp mu='abc'"),
     (["run", "--unknown-flag"], "unrecognized arguments: --unknown-flag"),
+    # issue 24: per-client local epochs, task arguments and damaged published files
+    (T + ["--local-epochs", "0"], "--local-epochs 0"),
+    (T + ["--local-epochs", "1", "--batch-size", "full"], "local_epochs needs a batch_size"),
+    (T + ["--task-arg", "num_clients"], "--task-arg 'num_clients': use NAME=VALUE"),
+    (T + ["--task-arg", "seed=3"], "set it with --seed"),
+    (["run", "--task", "femnist", "--task-arg", "writers=3"],
+     "task 'femnist' takes no argument(s) ['writers']"),
+    (["run", "--task", "femnist", "--task-arg", "heldout_writers=1.5", "--source",
+      "synthetic"], "heldout_writers=1.5"),
+    (["run", "--task", "femnist", "--data-dir", "empty_dir"], "empty_dir"),
+    (["run", "--task", "femnist", "--data-dir", "trunc_h5"], "fed_emnist_train.h5"),
+    (["run", "--task", "femnist", "--data-dir", "nogroup_h5"], "examples"),
+    (["run", "--task", "femnist", "--data-dir", "shape_h5"], "pixels"),
+    (["run", "--task", "femnist", "--data-dir", "leaf_count"], "num_samples"),
+    (["run", "--task", "femnist", "--data-dir", "leaf_trunc"], ".json"),
+    # issue 26: attacks, participation, robust aggregators
+    (T + ["--attack", "backdoor"], "--attack 'backdoor'"),
+    (T + ["--attack", "sign_flip", "--attack-fraction", "1.0"], "--attack-fraction 1.0"),
+    (T + ["--attack-fraction", "0.2"], "need --attack NAME"),
+    (T + ["--attack", "label_flip"], "needs a classification task"),
+    (T + ["--dropout", "1"], "--dropout 1.0"),
+    (T + ["--stragglers", "-0.5"], "--stragglers -0.5"),
+    (T + ["--availability", "0"], "--availability 0.0"),
+    (T + ["--straggler-mode", "slow"], "--straggler-mode 'slow'"),
+    (T + ["--bucketing", "2"], "bucketing wraps a robust"),
+    (T + ["--aggregator", "median:x=1"], "median takes no argument"),
+    (T + ["--aggregator", "krum:f=9"], "Krum tolerating f=9"),
     (["run", "--rounds"], "expected one argument"),
 ]
 
@@ -108,12 +135,44 @@ def workdir(tmp_path, monkeypatch):
   for name, text in cfgs.items():
     (tmp_path / name).write_text(text)
 
+  _damaged_federated_files(tmp_path)
+
   def fail_compile(*a, **k):
     raise AssertionError("bad input reached build_round (compile)")
 
   from fedjax_inv import simulation
   monkeypatch.setattr(simulation, "build_round", fail_compile)
   return tmp_path
+
+
+def _damaged_federated_files(root):
+  """Published-layout FEMNIST folders, each damaged one way (issue 24)."""
+  import h5py
+  import numpy as np
+  from fedjax_inv.data import federated_files as ff
+  good = {"w0": (np.zeros((3, 28, 28), np.float32), np.arange(3))}
+  (root / "empty_dir").mkdir()
+  for name in ("trunc_h5", "nogroup_h5", "shape_h5"):
+    (root / name).mkdir()
+    ff.write_tff_emnist(root / name / "fed_emnist_test.h5", good)
+  ff.write_tff_emnist(root / "trunc_h5" / "fed_emnist_train.h5", good)
+  blob = (root / "trunc_h5" / "fed_emnist_train.h5").read_bytes()
+  (root / "trunc_h5" / "fed_emnist_train.h5").write_bytes(blob[: len(blob) // 3])
+  with h5py.File(root / "nogroup_h5" / "fed_emnist_train.h5", "w") as f:
+    f.create_group("clients")
+  with h5py.File(root / "shape_h5" / "fed_emnist_train.h5", "w") as f:
+    g = f.create_group("examples").create_group("w0")
+    g["pixels"] = np.zeros((3, 28, 27), np.float32)
+    g["label"] = np.arange(3)
+  for name in ("leaf_count", "leaf_trunc"):
+    for split in ("train", "test"):
+      ff.write_leaf(root / name, "femnist", split, good)
+  bad = next((root / "leaf_count" / "train").glob("*.json"))
+  doc = json.loads(bad.read_text())
+  doc["num_samples"] = [5]
+  bad.write_text(json.dumps(doc))
+  bad = next((root / "leaf_trunc" / "train").glob("*.json"))
+  bad.write_text(bad.read_text()[:50])
 
 
 def _snapshot(root):

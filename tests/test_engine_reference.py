@@ -39,6 +39,16 @@ CASES = {
     "fedyogi": (dict(client_lr=0.1, local_steps=2, batch_size=8, server_lr=0.05),
                 dict(client_lr=0.1, local_steps=2, batch_size=8, server="yogi",
                      server_lr=0.05)),
+    # Algorithm.local_epochs: client i runs E*ceil(n_i/B) steps (sizes 20..50 here, so
+    # 3..7 steps per epoch at B=8), each epoch a permutation; SCAFFOLD's K is the client's.
+    "fedavg_epochs": (dict(client_lr=0.1, local_epochs=2, batch_size=8),
+                      dict(client_lr=0.1, local_steps=None, local_epochs=2, batch_size=8)),
+    "scaffold_epochs": (dict(client_lr=0.1, local_epochs=1, batch_size=8),
+                        dict(client_lr=0.1, local_steps=None, local_epochs=1, batch_size=8,
+                             scaffold=True, weighting="uniform")),
+    "fedadam_epochs": (dict(client_lr=0.1, local_epochs=1, batch_size=16, server_lr=0.05),
+                       dict(client_lr=0.1, local_steps=None, local_epochs=1, batch_size=16,
+                            server="adam", server_lr=0.05)),
 }
 
 

@@ -35,7 +35,7 @@ FEDSGD_CLIENT_RECIPE = ("client_lr", "local_steps", "client_optimizer")
 # ``Entry.fixed`` of the FedSGD-type methods: a task's defaults for these are not passed
 # to them (its client recipe, and its client ``weight_decay``: a FedSGD-type method's
 # ``weight_decay`` is the server's, docs/ALGORITHMS.md#fedilc).
-FEDSGD_FIXED = FEDSGD_CLIENT_RECIPE + ("weight_decay",)
+FEDSGD_FIXED = FEDSGD_CLIENT_RECIPE + ("weight_decay", "local_epochs")
 
 
 def make_algorithm(name: str, **hparams) -> Algorithm:
@@ -132,9 +132,15 @@ def server_optimizer(name: str, lr: float, momentum: float = 0.9, b1: float = 0.
 
 def aggregator(name: str, tau: float = 0.4) -> aggs.Aggregator:
   """Aggregator by name: 'mean' (weighted mean), 'geometric' (FedILC §3.1 weighted
-  geometric mean), 'gma' (FedGMA §4 soft mask on the mean), 'and_mask' (AND-mask)."""
+  geometric mean), 'gma' (FedGMA §4 soft mask on the mean), 'and_mask' (AND-mask), or a
+  robust one (``fedjax_inv.robust.parse``: 'median', 'trimmed_mean:beta=0.1',
+  'krum:f=1', 'multi_krum:f=1,m=2', 'geomed', 'centered_clip:tau=1')."""
+  from fedjax_inv import robust
+  if str(name).partition(":")[0] in robust.ROBUST:
+    return robust.parse(name)
   if name not in AGGREGATORS:
-    raise ValueError(f"aggregator={name!r}; choose one of {AGGREGATORS}.")
+    raise ValueError(f"aggregator={name!r}; choose one of {AGGREGATORS + robust.ROBUST} "
+                     "(robust ones take NAME:k=v, e.g. krum:f=2).")
   if name == "mean":
     return aggs.weighted_mean()
   if name == "geometric":
@@ -159,7 +165,8 @@ def build(name: str, *, components=(), client_lr: float = 0.1, server_lr: float 
           server_optimizer: str = "sgd", server_momentum: float = 0.9,
           b1: float = 0.9, b2: float = 0.99, server_tau: float = 1e-3,
           aggregator: str = "mean", tau: float = 0.4, weighting: str = "num_examples",
-          client_optimizer_state: str = "restart", **extra) -> Algorithm:
+          client_optimizer_state: str = "restart", local_epochs: int | None = None,
+          **extra) -> Algorithm:
   """Assembles an ``Algorithm`` from the common knobs (see module docstring).
 
   Raises:
@@ -175,6 +182,9 @@ def build(name: str, *, components=(), client_lr: float = 0.1, server_lr: float 
             client_optimizer_state=client_optimizer_state)
   if server_optimizer in ("adagrad", "adam", "yogi"):
     hp.update(b1=b1, b2=b2, server_tau=server_tau)
+  if local_epochs is not None:  # recorded only when set: earlier summaries stay as they are
+    hp["local_epochs"] = local_epochs
+    del hp["local_steps"]  # not run: each client runs E * ceil(n_i / B) steps
   return Algorithm(
       name=name,
       client_optimizer=_client_opt(client_optimizer, client_lr, weight_decay),
@@ -183,7 +193,7 @@ def build(name: str, *, components=(), client_lr: float = 0.1, server_lr: float 
       local_steps=int(local_steps), batch_size=batch_size,
       aggregator=_agg(aggregator, tau), weighting=weighting,
       components=tuple(components), hparams=hp,
-      client_optimizer_state=client_optimizer_state)
+      client_optimizer_state=client_optimizer_state, local_epochs=local_epochs)
 
 
 _client_opt = client_optimizer

@@ -60,7 +60,8 @@ def scaffold_component(local_steps: int, client_lr: float) -> Component:
   local_steps`` plain SGD steps of rate ``η_l = client_lr`` (a sweep's traced rate wins).
 
   Client step: ``y ← y − η_l (g(y) − c_i + c)``. After K steps:
-  ``c_i⁺ = c_i − c + (x − y)/(K η_l)`` (the client's new state); message
+  ``c_i⁺ = c_i − c + (x − y)/(K η_l)`` (the client's new state; under ``local_epochs``
+  ``K`` is the client's own step count ``ctx.local_steps``); message
   ``Δc_i = c_i⁺ − c_i``. Server stage (before the server optimizer, pseudo-gradient
   unchanged): ``c ← c + (|S|/N) · mean_{i∈S} Δc_i`` (unweighted mean); ``c`` is the
   component's server state, broadcast as ``ctx.extras['scaffold']``. Per-client ``c_i``
@@ -72,7 +73,8 @@ def scaffold_component(local_steps: int, client_lr: float) -> Component:
 
   def new_control(model, kind, params, batch, ctx, key):  # Alg. 1 l. 12, option II
     c, ci = ctx.extras["scaffold"], ctx.client["scaffold"]
-    step = local_steps * hparam(ctx, "client_lr", client_lr)
+    k = local_steps if ctx.local_steps is None else ctx.local_steps  # local_epochs: K_i
+    step = k * hparam(ctx, "client_lr", client_lr)
     return jax.tree.map(lambda ci, c, x, y: ci - c + (x - y) / step, ci, c, ctx.params,
                         params)
 
@@ -126,3 +128,20 @@ def _adaptive(name, kind, doc):
 fedadagrad = _adaptive("fedadagrad", "adagrad", "FedAdagrad: server Adagrad (Reddi Alg. 2).")
 fedadam = _adaptive("fedadam", "adam", "FedAdam: server Adam without bias correction.")
 fedyogi = _adaptive("fedyogi", "yogi", "FedYogi: server Yogi (Reddi Alg. 2).")
+
+
+@register("fednova", paper="Wang et al. 2020 (FedNova), §4, eq. 6 (vanilla local SGD)",
+          summary="normalized averaging: each update divided by its client's local steps, "
+                  "rescaled by their weighted mean (= FedAvg when steps are equal)")
+def fednova(**kw):
+  """FedNova: FedAvg whose pseudo-gradient is ``τ_eff Σ p_i Δ_i / τ_i``
+  (``fedjax_inv.robust.fednova``), correct when clients run different numbers of local
+  steps (``local_epochs`` over clients of different sizes, stragglers). Raises
+  ValueError for an ``aggregator`` other than 'mean' (FedNova is its own aggregator)."""
+  from fedjax_inv import robust
+  if kw.get("aggregator", "mean") != "mean":
+    raise ValueError(f"fednova: aggregator={kw['aggregator']!r}; FedNova's normalized "
+                     "average is its aggregator, leave --aggregator unset.")
+  alg = build("fednova", **kw)
+  return alg.replace(aggregator=robust.fednova(alg.local_steps),
+                     hparams={**alg.hparams, "aggregator": "fednova"})

@@ -148,7 +148,7 @@ def fedcurv_component(curv_lambda: float, fisher_chunk: int = 64) -> Component:
 @register("fedcurv_shoham", paper="Shoham et al. 2019 (FedCurv)",
           summary="local training + lambda * sum_{j!=i} F_j (theta - theta_j)^2 from pool "
                   "sums of diagonal Fishers (Shoham et al.'s FedCurv), server Adam",
-          fixed=("weight_decay",))
+          fixed=("weight_decay", "local_epochs"))
 def fedcurv_shoham(*, curv_lambda: float = 1.0, client_optimizer: str = "sgd",
                    client_lr: float = 1.0, local_steps: int = 1, batch_size=None,
                    client_weight_decay: float = 0.0, fisher_chunk: int = 64,

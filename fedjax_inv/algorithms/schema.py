@@ -52,6 +52,8 @@ SCHEMA = {
     "server_lr": P("pos", traced=True, source="Reddi et al. 2021 Alg. 2 server step η_g"),
     "local_steps": P("int", 1, source="FedAvg Alg. 1 local steps (E epochs × B batches)"),
     "batch_size": P("opt_int", source="FedAvg Alg. 1 B (None: the whole client)"),
+    "local_epochs": P("opt_int", source="FedAvg Alg. 1 E; Reddi et al. 2021 App. D "
+                      "(E epochs of batch B: E*ceil(n_i/B) steps per client)"),
     "client_optimizer": P("choice", choices=CLIENT_OPTIMIZERS, source="client optimizer"),
     "weight_decay": P("nonneg", source="client L2 (server's for FedSGD-type methods)"),
     "client_weight_decay": P("nonneg", source="FedILC official code"),
@@ -108,6 +110,7 @@ del P
 # ``--lr`` is ``client_lr`` (the only alias); the run flags that set a hyperparameter.
 ALIASES = {"lr": "client_lr"}
 RUN_FLAGS = {"lr": "client_lr", "server_lr": "server_lr", "local_steps": "local_steps",
+             "local_epochs": "local_epochs",
              "batch_size": "batch_size", "client_optimizer": "client_optimizer",
              "aggregator": "aggregator", "tau": "tau"}
 

@@ -34,10 +34,16 @@ class Aggregator(NamedTuple):
   function with the attribute ``reads_context = True`` is called ``lift(message, weight,
   ctx=Context)`` with the client's context (DP's adaptive clip norm in
   ``ctx.extras``; :func:`reads_context`).
+
+  ``gather=True`` (the robust aggregators of ``fedjax_inv/robust.py``): the lifted values
+  are not summed but stacked over the client axis, and ``finalize`` gets the stack
+  ``[C, ...]`` (a median or Krum needs every update at once); a ``finalize`` with the
+  attribute ``needs_key = True`` also gets ``key=`` (the round's server key).
   """
   lift: Callable[[PyTree, jax.Array], PyTree]
   finalize: Callable[[PyTree], PyTree]
   name: str = "aggregator"
+  gather: bool = False
 
 
 def reads_context(aggregator: Aggregator) -> bool:

@@ -88,6 +88,9 @@ class Context:
     key: the server side's PRNG key of this round (``server_stage`` hooks: e.g. DP
       noise), derived from the run's seed and the round; None on the client side, whose
       hooks get their own ``key`` argument.
+    local_steps: int32 scalar, the local steps this client runs this round when they
+      differ by client (``Algorithm.local_epochs``: ``E * ceil(n_i / B)``); None when
+      every client runs ``Algorithm.local_steps`` (SCAFFOLD's ``K`` reads it).
   """
   params: PyTree
   round: chex.Array
@@ -96,6 +99,7 @@ class Context:
   num_clients: chex.Array
   cohort: chex.Array
   key: Any = None
+  local_steps: Any = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -249,7 +253,18 @@ class Algorithm:
     client_optimizer: optax transformation for local steps (its state: see
       ``client_optimizer_state``).
     server_optimizer: optax transformation applied to the aggregated pseudo-gradient.
-    local_steps: K local optimizer steps per round (>= 1).
+    local_steps: K local optimizer steps per round (>= 1); ignored when ``local_epochs``
+      is set.
+    local_epochs: None (default: every client runs ``local_steps``), or ``E >= 1``:
+      client ``i`` runs ``E * ceil(n_i / batch_size)`` steps, each epoch one pass over a
+      fresh permutation of its real examples in batches of ``batch_size`` (the last one
+      partial, its padding weighing 0): the "E local epochs of batch B" protocol of
+      FedAvg (McMahan et al. 2017, Alg. 1) and Reddi et al. 2021 (App. D). Clients of
+      different sizes run different step counts (``core.client.local_train``).
+    attack: None, or a ``core.adversary.Attack``: malicious clients' updates (or labels)
+      manipulated inside the round (``fedjax_inv.adversary.apply``).
+    participation: None, or a ``core.adversary.Participation``: availability, dropout
+      and stragglers (``fedjax_inv.adversary.apply``).
     batch_size: examples per local step sampled with replacement on device, or None for
       the client's full (unpadded) data every step.
     aggregator: client-axis reduction of the pseudo-gradients.
@@ -276,7 +291,8 @@ class Algorithm:
       slots whose empty slots weigh 0.
 
   Raises (on construction):
-    ValueError: ``local_steps < 1``, ``batch_size < 1``, an unknown ``weighting`` or
+    ValueError: ``local_steps < 1``, ``batch_size < 1``, ``local_epochs < 1`` or
+      ``local_epochs`` without a ``batch_size``, an unknown ``weighting`` or
       ``client_optimizer_state`` (names the value and the valid ones), ``hparams``
       recording another ``local_steps`` / ``client_optimizer_state`` than the algorithm
       runs, repeated or reserved component names, or several components replacing the
@@ -296,10 +312,21 @@ class Algorithm:
   model_transform: Optional[Callable] = None
   client_optimizer_state: str = "restart"
   client_sampling: str = "fixed"
+  local_epochs: Optional[int] = None
+  attack: Any = None
+  participation: Any = None
 
   def __post_init__(self):
     if self.local_steps < 1:
       raise ValueError(f"local_steps={self.local_steps}; it must be >= 1.")
+    if self.local_epochs is not None:
+      if isinstance(self.local_epochs, bool) or int(self.local_epochs) != self.local_epochs \
+          or self.local_epochs < 1:
+        raise ValueError(f"local_epochs={self.local_epochs!r}; use an integer >= 1 (passes "
+                         "over each client's data per round), or None for local_steps.")
+      if self.batch_size is None:
+        raise ValueError("local_epochs needs a batch_size (E passes in batches of B); with "
+                         "batch_size=None (the whole client) use local_steps=E instead.")
     if self.batch_size is not None and self.batch_size < 1:
       raise ValueError(f"batch_size={self.batch_size}; use a positive int or None "
                        "(full client batch).")

@@ -30,7 +30,13 @@ def full_batch(x, y, n) -> Batch:
 
 
 def default_forward(model, params, x, key=None) -> Forward:
-  z = model.features(params, x)
+  """The model's forward pass in training: a model with dropout (``model.stochastic``,
+  e.g. ``models.federated.femnist_cnn``) gets the step's ``key``; every other model is
+  deterministic and ignores it."""
+  if key is not None and getattr(model, "stochastic", False):
+    z = model.features(params, x, key)
+  else:
+    z = model.features(params, x)
   return Forward(z=z, logits=model.classify(params, z))
 
 
@@ -66,7 +72,7 @@ def make_objective(model, kind: str, algorithm: Algorithm) -> Callable:
     if fwd_comp is not None:
       fwd = fwd_comp.forward(model, params, batch.x, keys[0])
     else:
-      fwd = default_forward(model, params, batch.x)
+      fwd = default_forward(model, params, batch.x, keys[0])
     loss = losses.mean_loss(kind, fwd.logits, batch.y, batch.w)
     for c, k in zip(terms, keys[1:]):
       loss = loss + c.loss(model, kind, params, batch, fwd, ctx, k)
@@ -94,8 +100,75 @@ def step_gradient(model, kind: str, algorithm: Algorithm, ctx: Context) -> Calla
   return lambda params, batch, k: est.grad_estimator(described, params, batch, ctx, k)
 
 
+def client_steps(algorithm: Algorithm, n) -> jax.Array | None:
+  """``E * ceil(n / B)`` int32: the local steps a client of ``n`` real examples runs under
+  ``Algorithm.local_epochs`` (None when every client runs ``local_steps``). Works on a
+  scalar ``n`` or on ``[C]`` sizes."""
+  if algorithm.local_epochs is None:
+    return None
+  b = algorithm.batch_size
+  n = jnp.asarray(n, jnp.int32)
+  return jnp.int32(algorithm.local_epochs) * ((n + b - 1) // b)
+
+
+def max_client_steps(algorithm: Algorithm, n_max: int) -> int:
+  """The static bound on a client's local steps for data padded to ``n_max`` examples:
+  ``local_steps``, or ``E * ceil(n_max / B)`` under ``local_epochs``."""
+  if algorithm.local_epochs is None:
+    return algorithm.local_steps
+  return algorithm.local_epochs * (-(-int(n_max) // algorithm.batch_size))
+
+
+def mean_step_loss(step_losses, algorithm: Algorithm, n, steps=None) -> jax.Array:
+  """The mean of a client's per-step losses over the steps it ran (``[K]`` from
+  :func:`local_train`; under ``local_epochs`` or a straggler's ``steps`` the entries
+  past its own steps are 0)."""
+  if steps is None:
+    steps = client_steps(algorithm, n)
+  if steps is None:
+    return jnp.mean(step_losses)
+  return jnp.sum(step_losses) / jnp.maximum(steps, 1).astype(step_losses.dtype)
+
+
+def epoch_orders(key, n, n_max: int, epochs: int, batch_size: int) -> jax.Array:
+  """``[epochs, ceil(n_max / B) * B]`` int32: for each epoch a uniform permutation of the
+  client's real example indices ``[0, n)`` first, then the padding rows (which a batch
+  past ``n`` reads with weight 0). One key per client per round."""
+  width = -(-n_max // batch_size) * batch_size
+
+  def one(k):
+    u = jax.random.uniform(k, (n_max,))
+    order = jnp.argsort(jnp.where(jnp.arange(n_max) < n, u, 2.0)).astype(jnp.int32)
+    return jnp.pad(order, (0, width - n_max))
+  return jax.vmap(one)(jax.random.split(key, epochs))
+
+
+def _epoch_train(step, algorithm: Algorithm, x, y, n, key, loss_keys, init, cap=None):
+  """``local_epochs`` training: ``lax.while_loop`` over this client's own
+  ``E * ceil(n / B)`` steps (so a client scanned alone costs its real steps; under
+  ``vmap`` the loop runs to the cohort's largest count and masks the rest). Step ``s``
+  is batch ``s mod ceil(n/B)`` of epoch ``s // ceil(n/B)``'s permutation."""
+  B, E = algorithm.batch_size, algorithm.local_epochs
+  orders = epoch_orders(key, n, x.shape[0], E, B)
+  per_epoch = jnp.maximum((n + B - 1) // B, 1)
+  steps = E * per_epoch if cap is None else jnp.minimum(E * per_epoch, cap)
+  K = loss_keys.shape[0]
+
+  def body(state):
+    s, carry, losses = state
+    pos = (s % per_epoch) * B + jnp.arange(B)
+    idx = jax.lax.dynamic_index_in_dim(orders, s // per_epoch, keepdims=False)[pos]
+    w = (pos < n).astype(jnp.float32)
+    carry, loss = step(carry, (Batch(x=x[idx], y=y[idx], w=w), loss_keys[s]))
+    return s + 1, carry, losses.at[s].set(loss)
+
+  _, carry, losses = jax.lax.while_loop(
+      lambda state: state[0] < steps, body, (jnp.int32(0), init, jnp.zeros((K,), jnp.float32)))
+  return carry, losses
+
+
 def local_train(model, kind: str, algorithm: Algorithm, ctx: Context, x, y, n, key,
-                opt_state=None):
+                opt_state=None, steps=None):
   """Runs ``local_steps`` client optimizer steps from ``ctx.params`` under ``lax.scan``.
 
   ``x: [n_max, ...]``, ``y: [n_max]``, ``n``: true size. Minibatches: ``batch_size``
@@ -104,13 +177,18 @@ def local_train(model, kind: str, algorithm: Algorithm, ctx: Context, x, y, n, k
   ``opt_state``: the client chain's (``algorithm.client_chain()``) state to start from,
   one client's (no pool axis; ``client_optimizer_state='persistent'``), or None for a
   fresh ``init(ctx.params)``.
+  Under ``Algorithm.local_epochs`` the client runs its own ``E * ceil(n / B)`` steps
+  (:func:`client_steps`) over per-epoch permutations (:func:`epoch_orders`); ``[K]`` is
+  then the bound :func:`max_client_steps` and the losses past its steps are 0.
+  ``steps`` (an int32 scalar, a straggler's count; ``core.adversary``): run only the
+  first ``steps`` steps (the rest are skipped, their losses 0).
   Returns ``(final params, [K] per-step losses, final client-chain state)``. Source:
   FedAvg (McMahan et al. 2017) ClientUpdate, with the components' gradient estimator /
   correction hooks.
   """
   gradient = step_gradient(model, kind, algorithm, ctx)
   opt = algorithm.client_chain()  # components' client stages, then the client optimizer
-  K, B = algorithm.local_steps, algorithm.batch_size
+  K, B = max_client_steps(algorithm, x.shape[0]), algorithm.batch_size
   k_batch, k_loss = jax.random.split(key)
   loss_keys = jax.random.split(k_loss, K)
   # A sweep replica's traced client learning rate: the optimizer was built at lr = 1.
@@ -125,6 +203,13 @@ def local_train(model, kind: str, algorithm: Algorithm, ctx: Context, x, y, n, k
       updates = jax.tree.map(lambda u: u * lr, updates)
     return (optax.apply_updates(params, updates), opt_state), loss
 
+  if algorithm.local_epochs is not None:
+    if opt_state is None:
+      opt_state = opt.init(ctx.params)
+    (params, opt_state), step_losses = _epoch_train(step, algorithm, x, y, n, k_batch,
+                                                    loss_keys, (ctx.params, opt_state),
+                                                    steps)
+    return params, step_losses, opt_state
   if B is None:
     fb = full_batch(x, y, n)
     inner = lambda carry, kl: step(carry, (fb, kl))  # noqa: E731
@@ -142,18 +227,35 @@ def local_train(model, kind: str, algorithm: Algorithm, ctx: Context, x, y, n, k
       xs = (idx, loss_keys)
   if opt_state is None:
     opt_state = opt.init(ctx.params)
+  if steps is not None:  # a straggler: the steps past its count are skipped
+    return _capped_scan(inner, (ctx.params, opt_state), xs, steps, K)
   (params, opt_state), step_losses = jax.lax.scan(inner, (ctx.params, opt_state), xs,
                                                   unroll=strategy_lib.local_unroll(K))
   return params, step_losses, opt_state
 
 
+def _capped_scan(inner, init, xs, steps, K: int):
+  """``lax.scan`` of ``inner`` over ``K`` steps that runs only the first ``steps`` (a
+  ``lax.cond``: a scanned client skips the rest, a batched one masks them)."""
+  def body(carry, inp):
+    c, s = carry
+    c, loss = jax.lax.cond(s < steps, lambda cc: inner(cc, inp),
+                           lambda cc: (cc, jnp.zeros((), jnp.float32)), c)
+    return (c, s + 1), loss
+  ((params, opt_state), _), losses = jax.lax.scan(body, (init, jnp.int32(0)), xs,
+                                                  unroll=strategy_lib.local_unroll(K))
+  return params, losses, opt_state
+
+
 def client_context(server_params, round_, extras: dict, client: dict, num_clients,
-                   cohort) -> Context:
+                   cohort, local_steps=None) -> Context:
   """What a client is handed in a round (the server's broadcast plus its own state): the
-  global ``server_params``, the round index, every component's server state ``extras``
-  and the client's ``client`` state (``{}`` on the server side)."""
+  global ``server_params``, the round index, every component's server state ``extras``,
+  the client's ``client`` state (``{}`` on the server side) and, under
+  ``local_epochs``, its own step count ``local_steps`` (:func:`client_steps`)."""
   return Context(params=server_params, round=round_, extras=extras, client=client,
-                 num_clients=jnp.float32(num_clients), cohort=jnp.float32(cohort))
+                 num_clients=jnp.float32(num_clients), cohort=jnp.float32(cohort),
+                 local_steps=local_steps)
 
 
 def client_outputs(model, kind: str, component, params, batch: Batch, ctx: Context, key):

@@ -120,3 +120,53 @@ def from_client_arrays(xs: Sequence[np.ndarray], ys: Sequence[np.ndarray],
     x_out[i, : len(x)] = x
     y_out[i, : len(y)] = y
   return ClientData(x=jnp.asarray(x_out), y=jnp.asarray(y_out), n=jnp.asarray(sizes))
+
+
+def padding_overhead(data: ClientData, algorithm, cohort: int, execution: str,
+                     chunk_size: int | None = None, samples: int = 200,
+                     seed: int = 0) -> dict:
+  """The padding overhead of a run, padded examples ÷ real examples:
+
+  * ``pool``: stored example slots ``N · n_max`` over real examples ``Σ n_i``;
+  * ``compute``: example slots the local training computes per round over the real
+    examples it trains on, averaged over ``samples`` random cohorts of ``cohort``. Under
+    ``local_epochs`` a client runs ``E · ceil(n_i / B)`` steps of ``B`` slots; clients
+    batched together (``vmap``: the cohort; ``chunked``: each chunk, the cohort sorted by
+    size first) run as many steps as the largest of them; ``scan`` runs each client's
+    own. With fixed ``local_steps`` every
+    step is ``B`` real draws (overhead 1.0; full-batch clients compute ``n_max`` slots
+    for ``n_i`` examples).
+
+  Args: ``data`` the training pool ``[N, n_max, ...]``; ``algorithm`` its
+  ``local_steps`` / ``local_epochs`` / ``batch_size``; ``cohort`` clients per round;
+  ``execution`` the strategy that runs ('scan' | 'vmap' | 'chunked'); ``chunk_size`` the
+  chunk under 'chunked'.
+
+  Returns ``{'pool', 'compute', 'execution'}``: the two ratios (1.0 = no padding) and the
+  strategy. Source: issue 24 (FEMNIST clients of 2..~480 examples).
+  """
+  n = np.asarray(data.n, np.int64)
+  n_max = int(data.n_max)
+  out = {"pool": float(len(n) * n_max / n.sum()), "execution": execution}
+  B, E = algorithm.batch_size, algorithm.local_epochs
+  rng = np.random.default_rng(seed)
+  ratios = []
+  for _ in range(samples):
+    c = n[rng.choice(len(n), min(cohort, len(n)), replace=False)]
+    if E is None:
+      real = (algorithm.local_steps * B * len(c)) if B else c.sum() * algorithm.local_steps
+      slots = real if B else len(c) * n_max * algorithm.local_steps
+    else:
+      steps = E * -(-c // B)
+      real = E * c.sum()
+      if execution == "scan":
+        slots = steps.sum() * B
+      else:
+        size = len(c) if execution != "chunked" else (chunk_size or len(c))
+        if execution == "chunked":  # the engine orders the cohort by size first
+          steps = np.sort(steps)[::-1]
+        slots = sum(len(g) * g.max() for g in np.array_split(
+            steps, max(1, -(-len(c) // size)))) * B
+    ratios.append(slots / real)
+  out["compute"] = float(np.mean(ratios))
+  return out

@@ -38,10 +38,11 @@ from fedjax_inv.core import strategy as strategy_lib
 # One client's computation and the initial state live in their own modules (the memory
 # estimate traces them too); re-exported here, where the rest of the package finds them.
 from fedjax_inv.core.client import (  # noqa: F401
-    batch_indices, client_context, client_outputs, default_forward, eval_logits_fn,
-    full_batch, local_train, make_objective, step_gradient)
+    batch_indices, client_context, client_outputs, client_steps, default_forward,
+    eval_logits_fn, full_batch, local_train, make_objective, mean_step_loss, step_gradient)
 from fedjax_inv.core.state import ServerState, init_state  # noqa: F401
-from fedjax_inv.core.aggregator import reads_context, traced_names, weighted_mean
+from fedjax_inv.core import adversary
+from fedjax_inv.core.aggregator import Aggregator, reads_context, traced_names, weighted_mean
 from fedjax_inv.core.data import ClientData
 
 PyTree = Any
@@ -250,7 +251,7 @@ def build_round(model, kind: str, algorithm: Algorithm, num_clients: int,
         f"clients_per_round); for the engine choose one of {STRATEGIES}.")
   strategy = resolve_strategy(execution, clients_per_round)
   # The round's client axis: C, or the padded Poisson buffer (cohort_slots).
-  poisson = algorithm.client_sampling == "poisson"
+  masked = masked_slots(algorithm)  # some slots can be empty (index N, weight 0)
   slots = cohort_slots(algorithm, num_clients, clients_per_round)
   if chunk_size is not None and (isinstance(chunk_size, bool) or int(chunk_size) != chunk_size
                                  or chunk_size < 1):
@@ -262,15 +263,22 @@ def build_round(model, kind: str, algorithm: Algorithm, num_clients: int,
                                   feature_shape, n_max, mesh)
   unroll = strategy_lib.SCAN_UNROLL if unroll is None else int(unroll)
   parts = round_parts(model, kind, algorithm, num_clients, clients_per_round)
+  # Per-client step counts (local_epochs) under 'chunked': a chunk runs to its largest
+  # client's count, so the cohort is ordered by size first (issue 24's size buckets).
+  sort_by_size = algorithm.local_epochs is not None and strategy == "chunked"
 
   def round_fn(server: ServerState, client_states: dict, data: ClientData, key):
-    idx, ckeys = parts.sample(server, key)
+    idx, ckeys, flags = parts.sample(server, key)
+    if sort_by_size:  # size buckets: chunks of similar sizes run similar step counts
+      order = jnp.argsort(-data.n[jnp.minimum(idx, num_clients - 1)], stable=True)
+      idx, ckeys = idx[order], ckeys[order]
+      flags = jax.tree.map(lambda a: a[order], flags)
     # Clients read their rows of the device-resident pool inside the map (a dynamic slice
     # per client under 'scan'), so the cohort's data is never copied as a whole: at
     # C=10,000 MNIST clients that copy was 1.9 GiB per round. An empty Poisson slot
     # (index N) reads row N-1 and weighs 0; its state is not written back.
-    rows = jnp.minimum(idx, num_clients - 1) if poisson else idx
-    xs = (idx, data.n[rows], jax.tree.map(lambda a: a[rows], client_states), ckeys)
+    rows = jnp.minimum(idx, num_clients - 1) if masked else idx
+    xs = (idx, data.n[rows], jax.tree.map(lambda a: a[rows], client_states), ckeys, flags)
     extras = server.extras
     if parts.pre_client is not None:
       pre_strategy, pre_chunk = strategy, chunk
@@ -279,10 +287,19 @@ def build_round(model, kind: str, algorithm: Algorithm, num_clients: int,
       pre_sums, _ = map_reduce(lambda inp: (parts.pre_client(server, data, inp), None), xs,
                                pre_strategy, pre_chunk, mesh, unroll)
       extras = parts.pre_finish(server, pre_sums)
-    sums, new_cstates = map_reduce(lambda inp: parts.client(server, extras, data, inp), xs,
-                                   strategy, chunk, mesh, unroll)
+    def run_client(inp):  # gathered messages (robust aggregators) are stacked, not summed
+      stats, cs = parts.client(server, extras, data, inp)
+      if not parts.gathered:
+        return stats, cs
+      return ({k: v for k, v in stats.items() if k not in parts.gathered},
+              (cs, {k: stats[k] for k in parts.gathered}))
+    sums, outs = map_reduce(run_client, xs, strategy, chunk, mesh, unroll)
+    new_cstates = outs
+    if parts.gathered:
+      new_cstates, stacked = outs
+      sums = {**sums, **stacked}
     new_server, metrics = parts.finish(server, extras, sums, key)
-    if poisson:
+    if masked:
       client_states = jax.tree.map(lambda pool, new: pool.at[idx].set(new, mode="drop"),
                                    client_states, new_cstates)
       metrics["cohort_size"] = jnp.sum(idx < num_clients)
@@ -311,23 +328,28 @@ class RoundParts(NamedTuple):
   :func:`map_reduce`; the benchmarks' ``LoopRound`` (``fedjax_inv.benchmarks.loop_round``)
   compiles them one by one and loops in Python.
 
-  ``inp = (i, n, cs, k)``: a sampled client's pool index (int32), its size (int32), its
-  persistent state (no client axis: ``{component: state}``, plus ``CLIENT_OPT_STATE``:
-  its client-chain state when ``client_optimizer_state='persistent'``) and its key.
-    sample(server, key) -> (idx [C] int32, ckeys [C] keys);
+  ``inp = (i, n, cs, k, flags)``: a sampled client's pool index (int32), its size
+  (int32), its persistent state (no client axis: ``{component: state}``, plus
+  ``CLIENT_OPT_STATE``: its client-chain state when
+  ``client_optimizer_state='persistent'``), its key and its round flags (``{}``, or
+  ``{'attacker': bool}`` under an attack).
+    sample(server, key) -> (idx [C] int32, ckeys [C] keys, flags {name: [C]});
     pre_client(server, data, inp) -> {component: lifted pre-stage message} (None when no
       component has a pre-stage);
     pre_finish(server, pre_sums) -> extras (the components' server states after pre_update);
     client(server, extras, data, inp) -> (stats, new client state): local training, the
       lifted pseudo-gradient ``'__main__'``, the weighted loss ``'__loss__'`` and each
       component's lifted message;
-    finish(server, extras, sums) -> (new ServerState, {'train_loss': scalar}).
+    finish(server, extras, sums) -> (new ServerState, {'train_loss': scalar});
+    gathered: the ``stats`` keys whose values are stacked ``[C, ...]`` instead of summed
+      (gathered aggregators, ``core/aggregator.py``; ``'__attacker__'`` under an attack).
   """
   sample: Callable
   pre_client: Callable | None
   pre_finish: Callable
   client: Callable
   finish: Callable
+  gathered: tuple = ()
 
 
 def server_side(stage_comps, server_opt, server, extras, pseudo_grad, messages, ctx):
@@ -350,6 +372,113 @@ def server_side(stage_comps, server_opt, server, extras, pseudo_grad, messages, 
   return updates, opt_state, extras
 
 
+def masked_slots(algorithm: Algorithm) -> bool:
+  """Whether a round's cohort can hold empty slots (pool index ``N``, weight 0): Poisson
+  sampling, or participation that leaves clients out (``core/adversary.py``)."""
+  part = algorithm.participation
+  return algorithm.client_sampling == "poisson" or (part is not None and part.masks_slots)
+
+
+def as_gathered(aggregator: Aggregator) -> Aggregator:
+  """A summable aggregator on the gather path: the lifted values are stacked, and
+  ``finalize`` lifts and sums them itself (the same value up to summation order). Under
+  an attack the pseudo-gradients must be stacked: the attack rewrites them first."""
+  if aggregator.gather:
+    return aggregator
+
+  def finalize(stacked, **kw):
+    msgs, w = stacked
+    sums = jax.tree.map(lambda a: jnp.sum(a, axis=0), jax.vmap(aggregator.lift)(msgs, w))
+    return aggregator.finalize(sums, **kw)
+  finalize.traced = traced_names(aggregator)
+  return Aggregator(lambda m, w: (m, w), finalize, aggregator.name, gather=True)
+
+
+def main_aggregator(algorithm: Algorithm) -> Aggregator:
+  """The pseudo-gradient's aggregator as the round runs it: ``algorithm.aggregator``,
+  on the gather path when an attack rewrites the updates."""
+  agg = algorithm.aggregator
+  if algorithm.attack is not None and algorithm.attack.name != "label_flip":
+    return as_gathered(agg)
+  return agg
+
+
+def finalize_with_key(agg: Aggregator, stats, ctx):
+  """``agg.finalize(stats)``, with the round's server key for one that needs it."""
+  if getattr(agg.finalize, "needs_key", False):
+    return agg.finalize(stats, key=ctx.key if ctx.key is not None else jax.random.key(0))
+  return agg.finalize(stats)
+
+
+def make_sampler(algorithm: Algorithm, num_clients: int, clients_per_round: int):
+  """``sample(server, key) -> (idx [slots] int32, client keys, flags)`` of a round: fixed
+  or Poisson sampling, or the online clients (``participation.availability``); dropped-out
+  clients and dropped stragglers become empty slots (index ``N``); ``flags['attacker']``
+  marks the malicious slots under an attack (``core/adversary.py``)."""
+  attack, part = algorithm.attack, algorithm.participation
+  slots = cohort_slots(algorithm, num_clients, clients_per_round)
+
+  def sample(server, key):
+    k_sample, k_clients = jax.random.split(jax.random.fold_in(key, server.round))
+    if algorithm.client_sampling == "poisson":
+      idx = poisson_sample(k_sample, num_clients, clients_per_round / num_clients, slots)
+    elif part is not None and part.availability < 1.0:
+      idx = adversary.available_sample(k_sample, num_clients, clients_per_round,
+                                       part.availability)
+    else:
+      idx = jax.random.choice(k_sample, num_clients, (clients_per_round,), replace=False)
+    ckeys = jax.vmap(lambda i: jax.random.fold_in(k_clients, i))(idx)
+    if part is not None and part.dropout > 0.0:  # a selected client never returns
+      gone = jax.random.uniform(jax.random.fold_in(k_sample, 0xD209), idx.shape) < part.dropout
+      idx = jnp.where(gone, num_clients, idx)
+    if part is not None and part.stragglers > 0.0 and part.straggler_mode == "drop":
+      slow = jax.vmap(lambda k: adversary.straggler_steps(k, 2, part.stragglers)[0])(ckeys)
+      idx = jnp.where(slow, num_clients, idx)  # FedAvg drops the stragglers
+    flags = {}
+    if attack is not None:
+      bad = adversary.attackers(key, num_clients, attack.fraction)
+      flags["attacker"] = jnp.where(idx < num_clients, bad[jnp.minimum(idx, num_clients - 1)],
+                                    False)
+    return idx, ckeys, flags
+  return sample
+
+
+def aggregate_updates(main_agg: Aggregator, attack, sums: dict, traced: dict, ctx,
+                      cohort: int):
+  """The pseudo-gradient from the round's sums: ``main_agg.finalize`` of ``'__main__'``,
+  after an attack rewrote the stacked updates (gather path), with a sweep replica's
+  traced values and the round's server key (``ctx.key``) where the aggregator takes
+  them."""
+  key = ctx.key if ctx.key is not None else jax.random.key(0)
+  main = sums["__main__"]
+  if attack is not None and main_agg.gather:  # the attackers' updates, replaced
+    msgs, w = main
+    main = (adversary.apply_attack(attack, msgs, w > 0, sums["__attacker__"], key, cohort), w)
+  kw = {}
+  if traced and traced_names(main_agg):  # a sweep replica's traced tau
+    kw["hparams"] = traced
+  if getattr(main_agg.finalize, "needs_key", False):
+    kw["key"] = key
+  return main_agg.finalize(main, **kw)
+
+
+def client_schedule(algorithm: Algorithm, masked: bool, present, n, ctx, key):
+  """``(n, ctx, cap)`` of a client: under ``local_epochs`` its own step count in
+  ``ctx.local_steps`` (an empty slot: ``n = 0``, no step); a kept straggler's step count
+  ``cap`` (``core/adversary.py``, also in ``ctx.local_steps``), else ``cap = None``."""
+  if algorithm.local_epochs is not None:
+    if masked:  # an empty slot (weight 0) runs no step
+      n = jnp.where(present, n, 0)
+    ctx = ctx.replace(local_steps=client_steps(algorithm, n))
+  part, cap = algorithm.participation, None
+  if part is not None and part.stragglers > 0.0 and part.straggler_mode == "keep":
+    full = (ctx.local_steps if ctx.local_steps is not None
+            else jnp.int32(algorithm.local_steps))
+    cap = adversary.straggler_steps(key, full, part.stragglers)[1]
+    ctx = ctx.replace(local_steps=cap)
+  return n, ctx, cap
+
+
 def round_parts(model, kind: str, algorithm: Algorithm, num_clients: int,
                 clients_per_round: int) -> RoundParts:
   """The round's phases for ``algorithm`` on pool size ``N = num_clients`` and cohort
@@ -362,8 +491,12 @@ def round_parts(model, kind: str, algorithm: Algorithm, num_clients: int,
   mean_agg = weighted_mean()
   server_opt = optax.with_extra_args_support(algorithm.server_optimizer)
   persistent = algorithm.client_optimizer_state == "persistent"
-  poisson = algorithm.client_sampling == "poisson"
-  slots = cohort_slots(algorithm, num_clients, clients_per_round)
+  masked = masked_slots(algorithm)
+  attack = algorithm.attack
+  main_agg = main_aggregator(algorithm)
+  gathered = tuple(["__main__", *(["__attacker__"] if attack is not None else [])]
+                   if main_agg.gather else []) + tuple(
+      c.name for c in msg_comps if getattr(c.aggregator, "gather", False))
 
   def split_state(cs):
     """A client's pool state -> (its components' states, its client-chain state or None)."""
@@ -378,18 +511,18 @@ def round_parts(model, kind: str, algorithm: Algorithm, num_clients: int,
   def weight_of(n, i):
     w = (jnp.ones((), jnp.float32) if algorithm.weighting == "uniform"
          else n.astype(jnp.float32))
-    if poisson:  # an empty slot of the cohort buffer (index N) weighs 0
+    if masked:  # an empty slot of the cohort buffer (index N) weighs 0
       w = jnp.where(i < num_clients, w, jnp.zeros_like(w))
     return w
 
-  def row(i):  # the pool row of slot index i (an empty Poisson slot reads row N-1)
-    return jnp.minimum(i, num_clients - 1) if poisson else i
+  def row(i):  # the pool row of slot index i (an empty slot reads row N-1)
+    return jnp.minimum(i, num_clients - 1) if masked else i
 
   def lifted(agg, message, w, i, ctx=None):
     """``agg.lift`` (given the client's ``ctx`` when it reads it); an empty Poisson slot
     lifts to zeros (the sums' identity), whatever the aggregator does with a weight of 0."""
     stats = agg.lift(message, w, ctx=ctx) if reads_context(agg) else agg.lift(message, w)
-    if poisson:
+    if masked:
       stats = jax.tree.map(lambda a: jnp.where(i < num_clients, a, jnp.zeros_like(a)),
                            stats)
     return stats
@@ -398,17 +531,10 @@ def round_parts(model, kind: str, algorithm: Algorithm, num_clients: int,
     return client_context(server.params, server.round, extras, {} if cs is None else cs,
                           num_clients, clients_per_round)
 
-  def sample(server, key):
-    k_sample, k_clients = jax.random.split(jax.random.fold_in(key, server.round))
-    if poisson:
-      idx = poisson_sample(k_sample, num_clients, clients_per_round / num_clients, slots)
-    else:
-      idx = jax.random.choice(k_sample, num_clients, (clients_per_round,), replace=False)
-    ckeys = jax.vmap(lambda i: jax.random.fold_in(k_clients, i))(idx)
-    return idx, ckeys
+  sample = make_sampler(algorithm, num_clients, clients_per_round)
 
   def pre_client(server, data, inp):
-    i, n, cs, k = inp
+    i, n, cs, k = inp[:4]
     ctx = ctx_of(server, dict(server.extras), split_state(cs)[0])
     batch = full_batch(data.x[row(i)], data.y[row(i)], n)
     w = weight_of(n, i)
@@ -424,17 +550,23 @@ def round_parts(model, kind: str, algorithm: Algorithm, num_clients: int,
     return extras
 
   def client(server, extras, data, inp):
-    i, n, cs, k = inp
+    i, n, cs, k, flags = inp
     x, y = data.x[row(i)], data.y[row(i)]
+    if attack is not None and attack.name == "label_flip":  # data poisoning
+      y = jnp.where(flags["attacker"], adversary.flip_labels(y, attack.num_classes), y)
     comp_cs, opt_state = split_state(cs)
     ctx = ctx_of(server, extras, comp_cs)
+    n, ctx, cap = client_schedule(algorithm, masked, i < num_clients, n, ctx, k)
     k_train, k_msg = jax.random.split(k)
     params, step_losses, opt_state = local_train(model, kind, algorithm, ctx, x, y, n,
-                                                 k_train, opt_state)
+                                                 k_train, opt_state, steps=cap)
     delta = jax.tree.map(jnp.subtract, server.params, params)
     w = weight_of(n, i)
-    stats = {"__main__": lifted(algorithm.aggregator, delta, w, i, ctx),
-             "__loss__": (jnp.where(w > 0, w * jnp.mean(step_losses), 0.0), w)}
+    stats = {"__main__": lifted(main_agg, delta, w, i, ctx),
+             "__loss__": (jnp.where(w > 0, w * mean_step_loss(step_losses, algorithm, n,
+                                                              ctx.local_steps), 0.0), w)}
+    if attack is not None and main_agg.gather:
+      stats["__attacker__"] = flags["attacker"]
     new_cs = dict(cs)
     batch = full_batch(x, y, n)
     for c in after_comps:
@@ -452,11 +584,10 @@ def round_parts(model, kind: str, algorithm: Algorithm, num_clients: int,
     if key is not None:  # the server side's key of this round (e.g. DP noise)
       ctx_b = ctx_b.replace(key=server_key(key, server.round))
     traced = server.extras.get(HPARAMS, {})
-    if traced and traced_names(algorithm.aggregator):  # a sweep replica's traced tau
-      pseudo_grad = algorithm.aggregator.finalize(sums["__main__"], hparams=traced)
-    else:
-      pseudo_grad = algorithm.aggregator.finalize(sums["__main__"])
-    messages = {c.name: (c.aggregator or mean_agg).finalize(sums[c.name]) for c in msg_comps}
+    pseudo_grad = aggregate_updates(main_agg, attack, sums, traced, ctx_b,
+                                    clients_per_round)
+    messages = {c.name: finalize_with_key(c.aggregator or mean_agg, sums[c.name], ctx_b)
+                for c in msg_comps}
     updates, opt_state, extras = server_side(stage_comps, server_opt, server, extras,
                                              pseudo_grad, messages, ctx_b)
     if "server_lr" in traced:  # a sweep replica: the server optimizer was built at lr = 1
@@ -466,4 +597,5 @@ def round_parts(model, kind: str, algorithm: Algorithm, num_clients: int,
     loss_sum, wsum = sums["__loss__"]  # 0 (not NaN) if no sampled client has weight
     return new_server, {"train_loss": loss_sum / jnp.where(wsum > 0, wsum, 1.0)}
 
-  return RoundParts(sample, pre_client if pre_comps else None, pre_finish, client, finish)
+  return RoundParts(sample, pre_client if pre_comps else None, pre_finish, client, finish,
+                    gathered)

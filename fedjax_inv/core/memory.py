@@ -372,11 +372,13 @@ def round_memory(model, algorithm, cohort: int, n_max: int, feature_shape: Seque
   b = algorithm.batch_size or n_max
   # The engine gathers all K minibatches of a client at once when they are small
   # (strategy.PREGATHER_BYTES); otherwise one minibatch per local step; full-batch
-  # clients train on their rows as they are.
+  # clients train on their rows as they are. Under local_epochs a client gathers one
+  # minibatch per step (plus its epochs' permutations, [E, ceil(n_max/B)*B] int32).
   batches = 0
   if algorithm.batch_size is not None:
     batches = 1
-    if strategy_lib.pregathered(algorithm.local_steps, b, x_bytes):
+    if algorithm.local_epochs is None and strategy_lib.pregathered(
+        algorithm.local_steps, b, x_bytes):
       batches = algorithm.local_steps
   # Under 'scan' a loop iteration's clients run one after the other, and so do a client's
   # local training and messages; with the clients batched ('vmap', 'chunked') XLA runs
@@ -386,6 +388,8 @@ def round_memory(model, algorithm, cohort: int, n_max: int, feature_shape: Seque
   rows = n_max * (x_bytes + label_bytes) + 4  # the client's rows of the pool, read once
   # Three parameter copies besides the step's work (whose peak holds the gradient): the
   # local model, the optimizer's update and the delta.
+  if algorithm.local_epochs is not None:
+    rows += 4 * algorithm.local_epochs * -(-n_max // b) * b
   per_client = (rows + 3 * p + opt + 2 * cstate + batches * b * (x_bytes + label_bytes)
                 + math.ceil(XLA_OVERHEAD * work))
   # The pre-stage runs forward passes only, whose elementwise ops XLA fuses into their
@@ -400,6 +404,13 @@ def round_memory(model, algorithm, cohort: int, n_max: int, feature_shape: Seque
   # The pre-stage and the main stage run one after the other: the round needs the larger.
   clients = max(resident * per_client, resident_pre * pre_client)
   outputs = shard(cohort * cstate)
+  # A gathered aggregator (robust.py; any aggregator under an attack) stacks its lifted
+  # values over the client axis: C copies of the message and the weight.
+  from fedjax_inv.core import engine as engine_lib  # noqa: PLC0415 (engine imports memory)
+  if engine_lib.main_aggregator(algorithm).gather:
+    outputs += shard(cohort * (p + 8))
+  outputs += sum(shard(cohort * (p + 4)) for c in algorithm.components
+                 if c.message is not None and getattr(c.aggregator, "gather", False))
   # The aggregators' running sums: a client's lifted statistics fuse into their sum
   # (elementwise functions of its delta / messages), so they are held once, not per client.
   sums = stats + n_msgs * p

@@ -28,9 +28,13 @@ class Task:
       clients are always evaluated too (as ``train``).
     model: ``FunctionalModel`` the papers use for this task.
     info: provenance (paper, data source, split sizes) for ``summary.json``.
-    defaults: default run settings (rounds, eval_every, and client hyperparameters) for
-      this task; the optional key ``per_algorithm`` maps an algorithm name to settings
-      that apply to that algorithm only (its tuned hyperparameters on this task).
+    defaults: default run settings (rounds, eval_every, clients_per_round, and client
+      hyperparameters) for this task; the optional key ``per_algorithm`` maps an
+      algorithm name to settings that apply to that algorithm only (its tuned
+      hyperparameters on this task).
+    train_eval: None (``train_*`` metrics over every training client), or a tuple of
+      training-client indices evaluated as ``train`` instead (pools of thousands of
+      clients, whose full evaluation would cost more than the training it reports).
   """
   name: str
   kind: str
@@ -39,9 +43,26 @@ class Task:
   model: models.FunctionalModel
   info: dict
   defaults: dict = dataclasses.field(default_factory=dict)
+  train_eval: tuple | None = None
 
   def __post_init__(self):
     check_task(self)
+    if self.train_eval is not None:
+      idx = [int(i) for i in self.train_eval]
+      if not idx or min(idx) < 0 or max(idx) >= self.train.num_clients:
+        raise ValueError(f"Task {self.name!r}: train_eval indices must be in "
+                         f"0..{self.train.num_clients - 1} (got {len(idx)} indices).")
+
+  def train_for_eval(self) -> ClientData:
+    """The training clients evaluated as ``train_*``: all, or those in ``train_eval``."""
+    if self.train_eval is None:
+      return self.train
+    cached = self.__dict__.get("_train_eval_data")
+    if cached is None:
+      import numpy as np
+      cached = self.train.take(np.asarray(self.train_eval, np.int32))
+      self.__dict__["_train_eval_data"] = cached
+    return cached
 
 
   def algorithm_settings(self, name: str, overrides: dict | None = None) -> dict:
@@ -53,7 +74,8 @@ class Task:
     entry = algorithm_registry().get(name)
     fixed = entry.fixed if entry is not None else ()
     kw = {k: v for k, v in self.defaults.items()
-          if k not in ("rounds", "eval_every", "per_algorithm") and k not in fixed}
+          if k not in ("rounds", "eval_every", "clients_per_round", "per_algorithm")
+          and k not in fixed}
     kw.update(self.defaults.get("per_algorithm", {}).get(name, {}))
     kw.update(overrides or {})
     return kw
@@ -209,8 +231,17 @@ def with_validation(task: Task, fraction: float = 0.1, seed: int = 0) -> Task:
 
 
 def make_task(name: str, **kw) -> Task:
-  """Builds task ``name``. Raises ValueError for an unknown name (lists valid ones)."""
+  """Builds task ``name``. Raises ValueError for an unknown name or an argument the task
+  does not take (lists the valid ones)."""
   if name not in _TASKS:
     raise ValueError(f"unknown task {name!r}; available: {sorted(_TASKS)}. "
                      "Run `fedjax-inv list` to see them.")
+  import inspect
+  params = inspect.signature(_TASKS[name].builder).parameters
+  if not any(p.kind == p.VAR_KEYWORD for p in params.values()):
+    unknown = sorted(set(kw) - set(params))
+    if unknown:
+      raise ValueError(f"task {name!r} takes no argument(s) {unknown}; its arguments: "
+                       f"{sorted(set(params) - {'data_dir', 'source', 'download', 'seed'})}"
+                       " (--task-arg NAME=VALUE).")
   return _TASKS[name].builder(**kw)

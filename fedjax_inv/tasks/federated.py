@@ -1,0 +1,329 @@
+"""The standard federated datasets at their real client counts (issue 24): ``femnist``
+(3,400 writers), ``shakespeare`` (715 speaking roles) and ``cifar100_fed`` (500 clients),
+with the models and protocol of Reddi et al. 2021, "Adaptive Federated Optimization"
+(App. B models; App. D: 10 clients per round, 1 local epoch of batch B; evaluation on the
+test clients).
+
+Data: the published files, read offline from ``data_dir`` by
+``fedjax_inv.data.federated_files`` (TensorFlow Federated's HDF5 files, or LEAF's JSON
+folders for FEMNIST and Shakespeare); nothing is downloaded. ``source='synthetic'``
+builds a stand-in of the same shape instead (``fedjax_inv.data.federated_synthetic``: the
+real client count and per-client size distribution, generated contents), which the
+benchmarks and CI use.
+
+Clients differ in size (FEMNIST: from under 10 to over 400 examples), so the defaults
+train ``local_epochs=1``: each client runs its own ``ceil(n_i / B)`` steps
+(``Algorithm.local_epochs``), and ``summary.json`` records the padding overhead.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from fedjax_inv.core.data import from_client_arrays
+from fedjax_inv.tasks.base import Task, register_task
+
+SOURCES = ("auto", "raw", "synthetic")
+TRAIN_EVAL_CLIENTS = 100  # training clients evaluated as ``train_*`` (a fixed sample)
+
+
+def _check_source(source: str, name: str) -> None:
+  if source not in SOURCES:
+    raise ValueError(f"--source {source!r} for task {name!r}: use 'auto' or 'raw' (the "
+                     "published files in --data-dir) or 'synthetic' (a generated pool of "
+                     "the same shape).")
+
+
+def _files(data_dir, dataset: str, name: str):
+  """``(layout, {'train': path, 'test': path})`` of the published files in ``data_dir``
+  (``$FEDJAX_INV_DATA_DIR`` when None). Raises FileNotFoundError naming the fix."""
+  import os
+  from fedjax_inv.data import federated_files as ff
+  data_dir = data_dir or os.environ.get("FEDJAX_INV_DATA_DIR")
+  if not data_dir:
+    raise FileNotFoundError(
+        f"task {name!r} reads the published {dataset} files: give --data-dir DIR (TFF's "
+        f"HDF5 files or LEAF's train/ and test/ JSON folders), or --source synthetic for "
+        "a generated pool of the same shape.")
+  return ff.find_files(data_dir, dataset)
+
+
+def _train_eval(num_clients: int, seed: int, count: int | None) -> tuple | None:
+  """A fixed seeded sample of ``count`` training clients evaluated as ``train_*`` (None:
+  all of them). Evaluating every one of thousands of padded clients each time would cost
+  more than the training it reports on; the protocol evaluates on the test clients."""
+  if count is None or count >= num_clients:
+    return None
+  rng = np.random.default_rng([int(seed), 0xE7A1])
+  return tuple(int(i) for i in np.sort(rng.choice(num_clients, int(count), replace=False)))
+
+
+def _sizes_info(sizes) -> dict:
+  s = np.asarray(sizes)
+  return {"min": int(s.min()), "median": float(np.median(s)), "mean": float(s.mean()),
+          "max": int(s.max()), "total": int(s.sum())}
+
+
+def _split_writers(ids, fraction: float, seed: int):
+  """(training writers, held-out writers): a seeded ``fraction`` of the writers is held
+  out whole (FedGMA §5.2 / Fig. 1a; LEAF's ``-t user`` split)."""
+  if not 0.0 <= float(fraction) < 1.0:
+    raise ValueError(f"heldout_writers={fraction!r}; use a fraction in [0, 1) of the "
+                     "writers to hold out as the 'ood' set (0 = none).")
+  k = int(round(float(fraction) * len(ids)))
+  if fraction and k == 0:
+    k = 1
+  rng = np.random.default_rng([int(seed), 0x0DD])
+  out = set(rng.choice(len(ids), k, replace=False).tolist()) if k else set()
+  return ([c for i, c in enumerate(ids) if i not in out],
+          [c for i, c in enumerate(ids) if i in out])
+
+
+def _femnist_clients(data_dir, source: str, seed: int, num_clients):
+  """``(train {id: (x, y)}, test {id: (x, y)}, provenance)``, x float32 [n, 28, 28]."""
+  from fedjax_inv.data import federated_files as ff
+  from fedjax_inv.data import federated_synthetic as syn
+  if source == "synthetic":
+    d = syn.femnist(num_clients or syn.FEMNIST_CLIENTS, seed)
+    return d["train"], d["test"], {"dataset_source": "synthetic", "data_note": (
+        f"synthetic FEMNIST-shaped pool ({len(d['train'])} writers, sizes after TFF's "
+        "totals and LEAF's spread; generated images, not EMNIST)")}
+  layout, paths = _files(data_dir, "femnist", "femnist")
+  if layout == "hdf5":
+    train, test = ff.read_tff_emnist(paths["train"]), ff.read_tff_emnist(paths["test"])
+  else:
+    train = ff.read_leaf(paths["train"], "femnist", "train")
+    test = ff.read_leaf(paths["test"], "femnist", "test")
+  if num_clients:
+    keep = sorted(train)[:int(num_clients)]
+    train = {c: train[c] for c in keep}
+    test = {c: v for c, v in test.items() if c in train or layout == "leaf"}
+  return train, test, {"dataset_source": f"{layout}: {paths['train']}",
+                       "data_note": f"FEMNIST from {layout} files in {data_dir}"}
+
+
+def _clientdata(clients: dict, ids, reshape=None):
+  xs = [clients[c][0] if reshape is None else reshape(clients[c][0]) for c in ids]
+  return from_client_arrays(xs, [np.asarray(clients[c][1], np.int32) for c in ids])
+
+
+@register_task("femnist", paper="Reddi et al. 2021 (App. B-D); FEMNIST (LEAF)",
+               summary="FEMNIST: 3,400 writers (TFF HDF5 or LEAF JSON in --data-dir, or "
+                       "--source synthetic), 62 classes, Reddi et al.'s CNN, 1 local "
+                       "epoch of batch 20, 10 clients per round")
+def femnist(data_dir=None, source="auto", download=False, seed=0, num_clients=None,
+            heldout_writers=0.0, train_eval_clients=TRAIN_EVAL_CLIENTS) -> Task:
+  """Federated EMNIST (62 classes), one client per writer.
+
+  Data: TFF's ``fed_emnist_{train,test}.h5`` (3,400 writers, each with its own test
+  examples) or LEAF's FEMNIST JSON (``-t sample``: the same writers in train/ and test/;
+  ``-t user``: disjoint writers, whose test/ writers then form the ``'ood'`` set);
+  ``source='synthetic'``: :func:`fedjax_inv.data.federated_synthetic.femnist`.
+
+  Sets: ``train`` = the training writers' training examples; ``'test'`` = the training
+  writers' test examples, one client per writer (Reddi et al.'s evaluation on the test
+  clients; FedGMA §5.1's "client sample test"); ``'ood'`` (when ``heldout_writers > 0``
+  or LEAF's user split) = writers never trained on (FedGMA §5.2, Fig. 1a: "the
+  remaining clients or writers are used for testing"), their training and test
+  examples together. ``train_*`` metrics are computed on a fixed seeded sample of
+  ``train_eval_clients`` training writers (None: all).
+
+  Model: :func:`fedjax_inv.models.federated.femnist_cnn` (Reddi et al. App. B, Table 5:
+  two 3×3 convolutions, max pool, dropout 0.25, dense 128, dropout 0.5, dense 62).
+  Inputs ``[n, 28, 28, 1]`` float32 as stored (TFF: 1.0 is the background).
+  Defaults (Reddi et al. App. D, EMNIST CR): 1,500 rounds of 10 clients, 1 local epoch
+  of batch 20, client SGD lr 0.1 (their FedAvg grid's best, 10^-1), server lr 1.
+
+  Args:
+    num_clients: keep the first N writers (sorted ids) or N synthetic writers (None =
+      all: 3,400).
+    heldout_writers: fraction in [0, 1) of writers held out whole as ``'ood'``
+      (FedGMA Fig. 1a; ``experiments/fedgma`` uses 0.1, LEAF's default 90/10 user split).
+    train_eval_clients: training writers evaluated as ``train_*`` (None = all).
+
+  Raises:
+    FileNotFoundError: no files in ``data_dir`` (names both layouts and the fix).
+    fedjax_inv.data.federated_files.DataFileError: a damaged file (one line: the file and
+      what is wrong).
+    ValueError: a bad ``source`` or ``heldout_writers``.
+  """
+  del download  # the published files are never downloaded
+  _check_source(source, "femnist")
+  train, test, prov = _femnist_clients(data_dir, source, seed, num_clients)
+  ids, held = _split_writers(sorted(train), heldout_writers, seed)
+  img = lambda x: np.asarray(x, np.float32).reshape(-1, 28, 28, 1)  # noqa: E731
+  with_test = [c for c in ids if c in test]  # none under LEAF's user split
+  eval_sets = {"test": _clientdata(test, with_test, img)} if with_test else {}
+  ood = {c: test[c] for c in sorted(set(test) - set(train))}  # LEAF's user split
+  for c in held:
+    x = np.concatenate([train[c][0]] + ([test[c][0]] if c in test else []))
+    y = np.concatenate([train[c][1]] + ([test[c][1]] if c in test else []))
+    ood[c] = (x, y)
+  if ood:
+    eval_sets["ood"] = _clientdata(ood, sorted(ood), img)
+  data = _clientdata(train, ids, img)
+  from fedjax_inv.models.federated import femnist_cnn
+  sizes = np.asarray(data.n)
+  info = {**prov, "paper": "Reddi et al. 2021 App. B-D (EMNIST CR)",
+          "num_clients": len(ids), "heldout_writers": sorted(held)[:20],
+          "num_heldout_writers": len(held), "client_sizes": _sizes_info(sizes),
+          "train_eval_clients": train_eval_clients}
+  return Task("femnist", "multiclass", data, eval_sets, femnist_cnn(62), info,
+              defaults=dict(rounds=1500, eval_every=50, clients_per_round=10,
+                            local_epochs=1, batch_size=20, client_optimizer="sgd",
+                            client_lr=0.1, weight_decay=0.0),
+              train_eval=_train_eval(len(ids), seed, train_eval_clients))
+
+
+def _shakespeare_clients(data_dir, source, seed, num_clients, max_examples):
+  from fedjax_inv.data import federated_files as ff
+  from fedjax_inv.data import federated_synthetic as syn
+  rng = np.random.default_rng([int(seed), 0x5A0])
+  if source == "synthetic":
+    cap = None if max_examples is None else 2 * int(max_examples)
+    d = syn.shakespeare(num_clients or syn.SHAKESPEARE_CLIENTS, seed, max_chars=cap)
+    layout, note = "tff", (f"synthetic Shakespeare-shaped pool ({len(d['train'])} roles, "
+                           "LEAF's size spread; generated text, not Shakespeare)")
+    raw, src = d, "synthetic"
+  else:
+    layout, paths = _files(data_dir, "shakespeare", "shakespeare")
+    if layout == "hdf5":
+      raw = {s: ff.read_tff_shakespeare(paths[s]) for s in ("train", "test")}
+      layout = "tff"
+    else:
+      raw = {s: ff.read_leaf(paths[s], "shakespeare", s) for s in ("train", "test")}
+    src, note = f"{layout}: {paths['train']}", f"Shakespeare from {layout} files"
+  out = {}
+  for split, clients in raw.items():
+    ids = sorted(clients)[:num_clients] if num_clients else sorted(clients)
+    conv = {}
+    for c in ids:
+      if layout == "tff":
+        x, y = ff.next_char_examples(clients[c], max_examples=max_examples, rng=rng)
+      else:
+        x, y = ff.leaf_shakespeare_examples(*clients[c])
+        if max_examples is not None and len(y) > max_examples:
+          keep = np.sort(rng.choice(len(y), int(max_examples), replace=False))
+          x, y = x[keep], y[keep]
+      if len(y):
+        conv[c] = (x.astype(np.float32), y)
+    out[split] = conv
+  return out["train"], out["test"], {"dataset_source": src, "data_note": note}
+
+
+@register_task("shakespeare", paper="Reddi et al. 2021 (App. B-D); LEAF",
+               summary="Shakespeare next character: 715 speaking roles (TFF HDF5 or LEAF "
+                       "JSON in --data-dir, or --source synthetic), 80-character context, "
+                       "2-layer LSTM 256, 1 local epoch of batch 4, 10 clients per round")
+def shakespeare(data_dir=None, source="auto", download=False, seed=0, num_clients=None,
+                max_examples=1000, train_eval_clients=TRAIN_EVAL_CLIENTS) -> Task:
+  """Next-character prediction, one client per speaking role.
+
+  Formulation: LEAF's (Caldas et al. 2019): an example is the 80 characters before a
+  position (left-padded) and the label is the character there, over an 82-symbol
+  vocabulary (LEAF's 80 characters, out-of-vocabulary, padding;
+  ``federated_files.SHAKESPEARE_VOCAB``). TFF's snippets are cut into such examples at
+  every position of every snippet (``federated_files.next_char_examples``); Reddi et
+  al.'s TFF model predicts every position of a chunk at once, which this engine's one
+  label per example does not express: a deliberate difference.
+
+  Sets: ``train`` = roles' training examples; ``'test'`` = their test examples (one
+  client per role). ``max_examples`` keeps a seeded random subset per client (default
+  1,000; None = all: roles run to tens of thousands of characters, and the pool is
+  padded to its largest client).
+
+  Model: :func:`fedjax_inv.models.federated.char_lstm` (embedding 8, two LSTM layers of
+  256, dense to the vocabulary; Reddi et al. App. B / LEAF). Defaults (Reddi et al. App.
+  D, Shakespeare): 1,200 rounds of 10 clients, 1 local epoch of batch 4, client SGD lr 1.
+
+  Raises: as :func:`femnist`.
+  """
+  del download
+  _check_source(source, "shakespeare")
+  from fedjax_inv.data import federated_files as ff
+  from fedjax_inv.models.federated import char_lstm
+  train, test, prov = _shakespeare_clients(data_dir, source, seed, num_clients,
+                                           max_examples)
+  if not train:
+    raise ValueError("shakespeare: no role has 2 or more characters of training text.")
+  ids = sorted(train)
+  data = _clientdata(train, ids)
+  eval_sets = {"test": _clientdata(test, [c for c in ids if c in test])}
+  info = {**prov, "paper": "Reddi et al. 2021 App. B-D; LEAF (next character)",
+          "num_clients": len(ids), "max_examples": max_examples,
+          "client_sizes": _sizes_info(np.asarray(data.n)),
+          "vocab_size": ff.SHAKESPEARE_VOCAB_SIZE, "train_eval_clients": train_eval_clients}
+  return Task("shakespeare", "multiclass", data, eval_sets,
+              char_lstm(ff.SHAKESPEARE_VOCAB_SIZE), info,
+              defaults=dict(rounds=1200, eval_every=50, clients_per_round=10,
+                            local_epochs=1, batch_size=4, client_optimizer="sgd",
+                            client_lr=1.0, weight_decay=0.0),
+              train_eval=_train_eval(len(ids), seed, train_eval_clients))
+
+
+def _crop(x, size: int = 24):
+  """Center ``size``×``size`` crop of uint8 ``[n, 32, 32, 3]``, each image standardized
+  (TFF's CIFAR-100 preprocessing, ``tf.image.per_image_standardization``: ``(x - mean) /
+  max(std, 1/sqrt(#values))`` over the image's pixels and channels), float32."""
+  o = (x.shape[1] - size) // 2
+  c = np.asarray(x)[:, o:o + size, o:o + size].astype(np.float32)
+  mean = c.mean(axis=(1, 2, 3), keepdims=True)
+  std = np.maximum(c.std(axis=(1, 2, 3), keepdims=True), 1.0 / np.sqrt(c[0].size))
+  return ((c - mean) / std).astype(np.float32)
+
+
+@register_task("cifar100_fed", paper="Reddi et al. 2021 (App. B-D)",
+               summary="CIFAR-100 over 500 clients (TFF's Pachinko split; TFF HDF5 in "
+                       "--data-dir, or --source synthetic), ResNet-18 with GroupNorm, 24x24 "
+                       "crops, 1 local epoch of batch 20, 10 clients per round")
+def cifar100_fed(data_dir=None, source="auto", download=False, seed=0, num_clients=None,
+                 train_eval_clients=TRAIN_EVAL_CLIENTS) -> Task:
+  """Federated CIFAR-100 (TFF's ``cifar100``: 500 training clients and 100 test clients
+  of 100 images each, labels by a Pachinko allocation; Reddi et al. App. C).
+
+  Sets: ``train`` = the 500 training clients; ``'test'`` = the 100 test clients.
+  Images: the center 24×24 crop, standardized per image as TFF does (Reddi et al. crop
+  to 24×24: a random crop for training and the center one for testing; this engine has
+  no per-step augmentation, so training uses the center crop too — a deliberate
+  difference).
+
+  Model: :func:`fedjax_inv.models.federated.cifar100_resnet18` (ResNet-18 with GroupNorm
+  of 2 groups and the ImageNet stem, as TFF's ``create_resnet18`` for 24×24 crops; it is
+  the package's post-activation ResNet with stride-2 stages and a 512-d projection,
+  where TFF's is pre-activation and keeps the stem's resolution: 11.49 M parameters
+  against TFF's 11.23 M — a known difference). Defaults (App. D, CIFAR-100): 4,000
+  rounds of 10 clients, 1 local epoch of batch 20, client SGD lr 0.1 (10^-1).
+
+  Raises: as :func:`femnist` (no LEAF layout exists for CIFAR-100).
+  """
+  del download
+  _check_source(source, "cifar100_fed")
+  from fedjax_inv.data import federated_files as ff
+  from fedjax_inv.data import federated_synthetic as syn
+  from fedjax_inv.models.federated import cifar100_resnet18
+  if source == "synthetic":
+    d = syn.cifar100(num_clients or syn.CIFAR100_TRAIN_CLIENTS,
+                     max(1, (num_clients or syn.CIFAR100_TRAIN_CLIENTS) // 5), seed=seed)
+    train, test = d["train"], d["test"]
+    prov = {"dataset_source": "synthetic", "data_note": (
+        f"synthetic CIFAR-100-shaped pool ({len(train)} clients of 100; generated images)")}
+  else:
+    layout, paths = _files(data_dir, "cifar100", "cifar100_fed")
+    train, test = ff.read_tff_cifar100(paths["train"]), ff.read_tff_cifar100(paths["test"])
+    if num_clients:
+      train = {c: train[c] for c in sorted(train)[:int(num_clients)]}
+    prov = {"dataset_source": f"{layout}: {paths['train']}",
+            "data_note": f"CIFAR-100 from TFF files in {data_dir}"}
+  ids = sorted(train)
+  data = _clientdata(train, ids, _crop)
+  eval_sets = {"test": _clientdata(test, sorted(test), _crop)}
+  info = {**prov, "paper": "Reddi et al. 2021 App. B-D (CIFAR-100)", "num_clients": len(ids),
+          "client_sizes": _sizes_info(np.asarray(data.n)), "crop": 24,
+          "train_eval_clients": train_eval_clients}
+  return Task("cifar100_fed", "multiclass", data, eval_sets, cifar100_resnet18(100), info,
+              defaults=dict(rounds=4000, eval_every=100, clients_per_round=10,
+                            local_epochs=1, batch_size=20, client_optimizer="sgd",
+                            client_lr=0.1, weight_decay=0.0),
+              train_eval=_train_eval(len(ids), seed, train_eval_clients))
+
+
+__all__ = ["cifar100_fed", "femnist", "shakespeare"]
