@@ -328,7 +328,9 @@ def test_weighted_mean_unchanged():
   got = _engine_sum(a, UPDATES, jnp.array([1.0, 2.0, 3.0, 4.0]))
   np.testing.assert_allclose(
       got, np.average(np.asarray(UPDATES), axis=0, weights=[1, 2, 3, 4]), rtol=1e-6)
-  assert agg.Aggregator._fields == ("lift", "finalize", "name")
+  # issue 26 added the gather flag (robust aggregators); a summable one keeps it False
+  assert agg.Aggregator._fields == ("lift", "finalize", "name", "gather")
+  assert a.gather is False
 
 
 # ---------------------------------------------------------------------------------------

@@ -94,3 +94,27 @@ def weighted_mean() -> Aggregator:
     return jax.tree.map(leaf, total)
 
   return Aggregator(lift, finalize, "mean")
+
+
+def as_gathered(aggregator: Aggregator) -> Aggregator:
+  """A summable aggregator on the gather path: the lifted values are stacked, and
+  ``finalize`` lifts and sums them itself (the same value up to summation order). Under
+  an attack the pseudo-gradients must be stacked: the attack rewrites them first."""
+  if aggregator.gather:
+    return aggregator
+
+  def finalize(stacked, **kw):
+    msgs, w = stacked
+    sums = jax.tree.map(lambda a: jnp.sum(a, axis=0), jax.vmap(aggregator.lift)(msgs, w))
+    return aggregator.finalize(sums, **kw)
+  finalize.traced = traced_names(aggregator)
+  return Aggregator(lambda m, w: (m, w), finalize, aggregator.name, gather=True)
+
+
+def main_aggregator(algorithm) -> Aggregator:
+  """The pseudo-gradient's aggregator as the round runs it: ``algorithm.aggregator``,
+  on the gather path when an attack rewrites the updates."""
+  agg = algorithm.aggregator
+  if algorithm.attack is not None and algorithm.attack.name != "label_flip":
+    return as_gathered(agg)
+  return agg

@@ -42,7 +42,8 @@ from fedjax_inv.core.client import (  # noqa: F401
     eval_logits_fn, full_batch, local_train, make_objective, mean_step_loss, step_gradient)
 from fedjax_inv.core.state import ServerState, init_state  # noqa: F401
 from fedjax_inv.core import adversary
-from fedjax_inv.core.aggregator import Aggregator, reads_context, traced_names, weighted_mean
+from fedjax_inv.core.aggregator import (  # noqa: F401 (as_gathered: re-exported)
+    Aggregator, as_gathered, main_aggregator, reads_context, traced_names, weighted_mean)
 from fedjax_inv.core.data import ClientData
 
 PyTree = Any
@@ -377,30 +378,6 @@ def masked_slots(algorithm: Algorithm) -> bool:
   sampling, or participation that leaves clients out (``core/adversary.py``)."""
   part = algorithm.participation
   return algorithm.client_sampling == "poisson" or (part is not None and part.masks_slots)
-
-
-def as_gathered(aggregator: Aggregator) -> Aggregator:
-  """A summable aggregator on the gather path: the lifted values are stacked, and
-  ``finalize`` lifts and sums them itself (the same value up to summation order). Under
-  an attack the pseudo-gradients must be stacked: the attack rewrites them first."""
-  if aggregator.gather:
-    return aggregator
-
-  def finalize(stacked, **kw):
-    msgs, w = stacked
-    sums = jax.tree.map(lambda a: jnp.sum(a, axis=0), jax.vmap(aggregator.lift)(msgs, w))
-    return aggregator.finalize(sums, **kw)
-  finalize.traced = traced_names(aggregator)
-  return Aggregator(lambda m, w: (m, w), finalize, aggregator.name, gather=True)
-
-
-def main_aggregator(algorithm: Algorithm) -> Aggregator:
-  """The pseudo-gradient's aggregator as the round runs it: ``algorithm.aggregator``,
-  on the gather path when an attack rewrites the updates."""
-  agg = algorithm.aggregator
-  if algorithm.attack is not None and algorithm.attack.name != "label_flip":
-    return as_gathered(agg)
-  return agg
 
 
 def finalize_with_key(agg: Aggregator, stats, ctx):

@@ -103,6 +103,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_inv.core import client as client_lib
+from fedjax_inv.core.aggregator import main_aggregator
 from fedjax_inv.core import state as state_lib
 from fedjax_inv.core import strategy as strategy_lib
 from fedjax_inv.core.algorithm import CLIENT_OPT_STATE, Batch, Context
@@ -406,8 +407,7 @@ def round_memory(model, algorithm, cohort: int, n_max: int, feature_shape: Seque
   outputs = shard(cohort * cstate)
   # A gathered aggregator (robust.py; any aggregator under an attack) stacks its lifted
   # values over the client axis: C copies of the message and the weight.
-  from fedjax_inv.core import engine as engine_lib  # noqa: PLC0415 (engine imports memory)
-  if engine_lib.main_aggregator(algorithm).gather:
+  if main_aggregator(algorithm).gather:
     outputs += shard(cohort * (p + 8))
   outputs += sum(shard(cohort * (p + 4)) for c in algorithm.components
                  if c.message is not None and getattr(c.aggregator, "gather", False))
