@@ -315,7 +315,8 @@ def configure(algorithm, *, attack=None, participation=None, bucket: int | None 
     participation: a ``core.adversary.Participation`` or None (or one at its defaults).
     bucket: bucket size ``s`` of :func:`bucketing` around the (robust) aggregator.
     cohort: clients per round (Krum's ``C > 2f + 2``; the scaling attack's default λ).
-    num_classes, kind: the task's (label flipping needs a classification task).
+    num_classes: the task's number of classes (label flipping maps y to K-1-y).
+    kind: the task's loss kind (label flipping needs a classification task).
 
   Raises:
     ValueError: a bad attack / participation value, Krum with too few clients,
