@@ -267,11 +267,14 @@ def parse(spec: str) -> Aggregator:
     if not eq or k not in _ARGS[name]:
       raise ValueError(f"--aggregator {spec!r}: {name} takes {sorted(_ARGS[name]) or 'no'} "
                        f"argument(s) as NAME=VALUE, got {item!r}.")
+    typ = _ARGS[name][k]
     try:
-      kw[k] = _ARGS[name][k](float(v)) if _ARGS[name][k] is int and float(v).is_integer() \
-          else _ARGS[name][k](v)
+      num = float(v)
     except ValueError:
       raise ValueError(f"--aggregator {spec!r}: {k}={v!r} is not a number.") from None
+    if typ is int and not num.is_integer():
+      raise ValueError(f"--aggregator {spec!r}: {k}={v!r} must be an integer.")
+    kw[k] = int(num) if typ is int else num
   if name == "median":
     return median()
   if name == "trimmed_mean":

@@ -326,6 +326,8 @@ def test_fednova_equals_fedavg_with_equal_steps_and_normalizes_unequal_ones():
     (lambda: make_algorithm("fedavg", aggregator="median:beta=1"), r"median takes no"),
     (lambda: make_algorithm("fedavg", aggregator="trimmed_mean:beta=0.5"), r"beta=0.5"),
     (lambda: make_algorithm("fedavg", aggregator="medain"), r"aggregator='medain'"),
+    (lambda: make_algorithm("fedavg", aggregator="krum:f=2.5"), r"f='2.5' must be an integer"),
+    (lambda: make_algorithm("fedavg", aggregator="geomed:nu=x"), r"nu='x' is not a number"),
 ])
 def test_bad_settings_are_named(call, match):
   with pytest.raises(ValueError, match=match):
