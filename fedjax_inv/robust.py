@@ -29,27 +29,9 @@ import math
 import jax
 import jax.numpy as jnp
 
-from fedjax_inv.core.aggregator import Aggregator
+from fedjax_inv.core.aggregator import Aggregator, flatten_clients as flatten
 
 ROBUST = ("median", "trimmed_mean", "krum", "multi_krum", "geomed", "centered_clip")
-
-
-def flatten(stacked) -> tuple[jax.Array, callable]:
-  """``[C, D]`` float32 rows of a stacked message pytree (leaves ``[C, ...]``) and
-  ``unflatten(v [D]) -> pytree`` of one client's shapes."""
-  leaves, tree = jax.tree.flatten(stacked)
-  c = leaves[0].shape[0]
-  shapes = [l.shape[1:] for l in leaves]
-  sizes = [math.prod(s) for s in shapes]
-  x = jnp.concatenate([l.reshape(c, -1).astype(jnp.float32) for l in leaves], axis=1)
-
-  def unflatten(v):
-    parts, off = [], 0
-    for shape, size, leaf in zip(shapes, sizes, leaves):
-      parts.append(v[off:off + size].reshape(shape).astype(leaf.dtype))
-      off += size
-    return jax.tree.unflatten(tree, parts)
-  return x, unflatten
 
 
 def _gathered(rule, name: str, needs_key: bool = False) -> Aggregator:

@@ -31,6 +31,8 @@ import jax
 import jax.numpy as jnp
 from jax.scipy.special import ndtri
 
+from fedjax_inv.core.aggregator import flatten_clients
+
 ATTACKS = ("sign_flip", "scale", "gaussian", "label_flip", "alie", "ipm")
 STRAGGLER_MODES = ("keep", "drop")
 
@@ -130,21 +132,6 @@ def flip_labels(y, num_classes: int):
   return (max(num_classes, 2) - 1 - y).astype(y.dtype)
 
 
-def _rows(messages):
-  leaves, tree = jax.tree.flatten(messages)
-  c = leaves[0].shape[0]
-  return jnp.concatenate([l.reshape(c, -1) for l in leaves], 1), leaves, tree
-
-
-def _unrows(x, leaves, tree):
-  out, off = [], 0
-  for l in leaves:
-    size = math.prod(l.shape[1:])
-    out.append(x[:, off:off + size].reshape(l.shape).astype(l.dtype))
-    off += size
-  return jax.tree.unflatten(tree, out)
-
-
 def alie_z(n, f):
   """Baruch et al. 2019, §3: ``s = floor(n/2 + 1) − f``, ``z = Φ^{-1}((n − s) / n)``."""
   n = jnp.maximum(n.astype(jnp.float32), 1.0)
@@ -161,7 +148,7 @@ def apply_attack(attack: Attack, messages, present, bad, key, cohort: int):
   bad = bad & present
   if name == "label_flip":
     return messages
-  x, leaves, tree = _rows(messages)
+  x, unflatten = flatten_clients(messages)
   b = bad[:, None]
   if name == "sign_flip":
     y = jnp.where(b, -x, x)
@@ -183,4 +170,4 @@ def apply_attack(attack: Attack, messages, present, bad, key, cohort: int):
     else:  # ipm
       mean = jnp.sum(honest * x, 0) / jnp.maximum(jnp.sum(honest), 1.0)
       y = jnp.where(b, -attack.eps * mean, x)
-  return _unrows(y, leaves, tree)
+  return unflatten(y)

@@ -10,6 +10,7 @@ the papers (geometric mean, sign masks) are in ``fedjax_inv/aggregators.py``.
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -118,3 +119,23 @@ def main_aggregator(algorithm) -> Aggregator:
   if algorithm.attack is not None and algorithm.attack.name != "label_flip":
     return as_gathered(agg)
   return agg
+
+
+def flatten_clients(stacked) -> tuple:
+  """``(x [C, D] float32, unflatten)`` of a stacked message pytree (leaves ``[C, ...]``):
+  each client's parameters as one row. ``unflatten(v)`` maps ``[D]`` back to one client's
+  pytree, or ``[C, D]`` back to the stack (the leaves' shapes and dtypes). Used by the
+  robust aggregators (``fedjax_inv/robust.py``) and the attacks (``core/adversary.py``)."""
+  leaves, tree = jax.tree.flatten(stacked)
+  c = leaves[0].shape[0]
+  x = jnp.concatenate([l.reshape(c, -1).astype(jnp.float32) for l in leaves], axis=1)
+
+  def unflatten(v):
+    parts, off = [], 0
+    for leaf in leaves:
+      size = math.prod(leaf.shape[1:])
+      parts.append(v[..., off:off + size].reshape(v.shape[:-1] + leaf.shape[1:])
+                   .astype(leaf.dtype))
+      off += size
+    return jax.tree.unflatten(tree, parts)
+  return x, unflatten
