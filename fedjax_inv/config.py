@@ -111,6 +111,12 @@ RUN_KEYS = {  # config key -> (type, help); every help states the default
                                     "norm starts at --dp-clip and tracks this quantile "
                                     "(0, 1) of the client update norms; default off "
                                     "(fixed clip)"),
+    "dp_sgd_clip": (float, "sample-level DP-SGD on the client (Abadi et al. 2016): clip "
+                    "every per-example gradient to this L2 norm; needs --local-epochs or "
+                    "--batch-size full"),
+    "dp_sgd_noise_multiplier": (float, "DP-SGD noise multiplier sigma >= 0 (noise std "
+                                "sigma * clip on the sum of a step's clipped gradients)"),
+    "dp_sgd_delta": (float, "DP-SGD delta in (0, 1), per example; default 1e-5"),
     "dp_accountant": (str, "DP accountant: rdp | pld (pld needs --client-sampling "
                            "poisson); default rdp"),
     "client_sampling": (str, "fixed (exactly --clients-per-round clients) | poisson (each "
@@ -158,6 +164,8 @@ _CHECKS = {
     "dp_clip": ("float", None), "dp_noise_multiplier": ("float", None),
     "dp_target_epsilon": ("float", None), "dp_delta": ("float", None),
     "dp_adaptive_quantile": ("float", None),
+    "dp_sgd_clip": ("float", None), "dp_sgd_noise_multiplier": ("float", None),
+    "dp_sgd_delta": ("float", None),
     "dp_accountant": ("choice", ("rdp", "pld")),
     "client_sampling": ("choice", ("fixed", "poisson")),
     "attack": ("choice", ("sign_flip", "scale", "gaussian", "label_flip", "alie", "ipm")),
@@ -190,6 +198,35 @@ def check_devices(v, where: str = "--devices"):
     raise ValueError(f"{where} {v!r}: use 'all' or a number of devices >= 1 (1 = no "
                      "sharding).")
   return v
+
+
+def _check_privacy(cfg: dict) -> None:
+  """Checks the client-level DP and the DP-SGD settings (each raises ValueError)."""
+  for settings in (dp_settings(cfg), dp_sgd_settings(cfg)):
+    if settings is not None:
+      settings.check()
+
+
+def dp_sgd_settings(cfg: dict):
+  """The run's sample-level DP-SGD settings (``fedjax_inv.dp_sgd.DPSGDSettings``,
+  unchecked), or None when no ``dp_sgd_*`` key is given.
+
+  Raises:
+    ValueError: a ``dp_sgd_*`` key without ``--dp-sgd-clip`` and
+      ``--dp-sgd-noise-multiplier``."""
+  keys = ("dp_sgd_clip", "dp_sgd_noise_multiplier", "dp_sgd_delta")
+  given = [k for k in keys if cfg.get(k) is not None]
+  if not given:
+    return None
+  if cfg.get("dp_sgd_clip") is None or cfg.get("dp_sgd_noise_multiplier") is None:
+    raise ValueError(f"{', '.join(flag(k) for k in given)}: DP-SGD needs both "
+                     "--dp-sgd-clip C and --dp-sgd-noise-multiplier SIGMA (e.g. 1.0 and "
+                     "1.1).")
+  from fedjax_inv.dp_sgd import DPSGDSettings
+  return DPSGDSettings(clip=float(cfg["dp_sgd_clip"]),
+                       noise_multiplier=float(cfg["dp_sgd_noise_multiplier"]),
+                       delta=1e-5 if cfg.get("dp_sgd_delta") is None
+                       else float(cfg["dp_sgd_delta"]))
 
 
 def dp_settings(cfg: dict):
@@ -324,9 +361,7 @@ def check_run_config(cfg: dict) -> dict:
   if b is not None and str(b).lower() != "full":
     if not (str(b).isdigit() and int(b) >= 1):
       raise ValueError(f"--batch-size {b!r}: use a positive integer or 'full'.")
-  dp = dp_settings(out)
-  if dp is not None:
-    dp.check()
+  _check_privacy(out)
   if out.get("resume") and out.get("out") and str(out["out"]) != str(out["resume"]):
     raise ValueError(f"--resume {out['resume']!r} with --out {out['out']!r}: a resumed run "
                      "writes into its own folder; drop --out.")

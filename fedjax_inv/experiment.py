@@ -42,6 +42,18 @@ def _final_metrics(task) -> list[str]:
   return names + ["train_loss"] + [f"{s}_loss" for s in task.eval_sets]
 
 
+def _personal_columns(runs: list) -> list[str]:
+  """With a personalized algorithm (Ditto) among ``runs``: its personal models' mean
+  per-client accuracy on their own validation rows and training data, beside the global
+  model's mean per-client validation accuracy (Ditto's reported metric, averaged over
+  clients). Empty otherwise."""
+  names = ("val_mean_client_accuracy", "personal_val_mean_client_accuracy",
+           "personal_train_mean_client_accuracy")
+  if not any(k.startswith("personal_") for r in runs for k in (r.get("final") or {})):
+    return []
+  return [k for k in names if any(k in (r.get("final") or {}) for r in runs)]
+
+
 def run_reporting(cfg: dict, task):
   """The ``Reporting`` of a run (``fedjax_inv.eval.reporting``): the task's default
   (``for_task``) unless ``cfg['reporting']`` is 'none', then ``cfg['select']``
@@ -272,14 +284,16 @@ def _sweep_points(cfg: dict, algos, per_algo: dict):
 def run_transform(cfg: dict, task, cohort: int, rounds: int):
   """``Algorithm -> Algorithm`` for the run-level settings that change every algorithm of
   the run the same way: client-level DP (``--dp-*``: ``fedjax_inv.privacy.apply``, with
-  sigma solved from ``--dp-target-epsilon``), ``--client-sampling``, and attacks,
+  sigma solved from ``--dp-target-epsilon``), sample-level DP-SGD (``--dp-sgd-*``:
+  ``fedjax_inv.dp_sgd.apply``), ``--client-sampling``, and attacks,
   participation and bucketing (``--attack``, ``--dropout``, ...:
   ``fedjax_inv.robust.configure``).
 
   Raises:
     ValueError: an unreachable ``--dp-target-epsilon`` (before any compile)."""
-  from fedjax_inv import config, privacy, robust
+  from fedjax_inv import config, dp_sgd, privacy, robust
   dp = config.dp_settings(cfg)
+  sgd = config.dp_sgd_settings(cfg)
   n = task.train.num_clients
   rb = config.robustness_settings(cfg)
   num_classes = int(task.train.y.max()) + 1 if task.kind != "regression" else 0
@@ -291,7 +305,9 @@ def run_transform(cfg: dict, task, cohort: int, rounds: int):
     raise ValueError(f"--attack label_flip needs a classification task; {task.name!r} is "
                      "regression.")
 
-  def robustness(alg):  # attacks, participation, bucketing (issue 26)
+  def robustness(alg):  # attacks, participation, bucketing (issue 26); DP-SGD (issue 25)
+    if sgd is not None:
+      alg = dp_sgd.apply(alg, sgd)
     if rb["attack"] is None and rb["participation"] is None and rb["bucket"] is None:
       robust.check_cohort(alg.aggregator, cohort)  # Krum's C > 2f + 2
       return alg
@@ -565,7 +581,7 @@ def write_summary(pl, out, rec, stream) -> dict:
   task, seeds, runs = pl.task, pl.seeds, rec.runs
   ok = [r for r in runs if r.get("status", "ok") == "ok"]
   extra, printed_extra = report_columns(task, pl.rep, pl.rounds)
-  metrics = _final_metrics(task) + extra
+  metrics = _final_metrics(task) + extra + _personal_columns(ok)
   table = outputs.comparison_table(ok, metrics, rlib.column_value)
   if len(pl.names) * len(seeds) == 1 and runs:
     summary = {k: v for k, v in runs[0].items() if k != "history"}
@@ -652,7 +668,8 @@ def _write_tables(pl, out, runs, ok, table, metrics, printed_extra, stream) -> N
                       title=f"{task.name}: {', '.join(pl.algos)} ({len(pl.seeds)} seed(s), "
                             f"{pl.rounds} rounds)",
                       sets=("train",) + tuple(task.eval_sets))
-  printed = metrics[: 1 + len(task.eval_sets)] + printed_extra
+  printed = (metrics[: 1 + len(task.eval_sets)] + printed_extra +
+             [m for m in metrics if m.startswith("personal_val")])
   print("\n" + outputs.format_table(table, printed, markdown=False), file=stream)
 
 

@@ -101,6 +101,42 @@ def evaluate_all(evaluate, params, task, reporting=None, predict_fn=None) -> dic
   return out
 
 
+# The evaluation sets holding one client per training client, in the same order
+# (``tasks.with_validation`` and the domain tasks' 90/10 split), on which each client's
+# personal model is evaluated (besides its training data).
+PERSONAL_SETS = ("val",)
+
+
+def personal_metrics(evaluate, component, states, task) -> dict:
+  """Each pool client's personal model on its own data (Ditto's personalized accuracy).
+
+  Args:
+    evaluate: :func:`fedjax_inv.eval.build_evaluator`'s function (its ``each``).
+    component: the algorithm's personal component (``Algorithm.personal``).
+    states: its per-client state, leading pool axis ``[N, ...]``.
+    task: the run's task; its training clients and each set of :data:`PERSONAL_SETS`
+      with ``N`` clients are evaluated, client ``i`` with ``personal_params(states[i])``.
+      The training data is skipped when the task evaluates a sample of it
+      (``Task.train_eval``).
+
+  Returns:
+    ``summarize`` metrics with the prefixes ``personal_train`` and ``personal_val``:
+    ``personal_val_mean_client_accuracy`` is the mean over clients of each personal
+    model's accuracy on its own held-out rows, Ditto's reported metric (Li et al. 2021,
+    §5 "average test accuracy across devices"), beside ``val_mean_client_accuracy`` of
+    the global model on the same rows.
+  """
+  own = jax.vmap(component.personal_params)(states)
+  n = task.train.num_clients
+  sets = {} if getattr(task, "train_eval", None) is not None else {"train": task.train}
+  sets.update({k: d for k, d in task.eval_sets.items()
+               if k in PERSONAL_SETS and d.num_clients == n})
+  out = {}
+  for name, data in sets.items():
+    out.update(summarize(evaluate.each(own, data), f"personal_{name}"))
+  return out
+
+
 class DivergedError(FloatingPointError):
   """A run's train objective became non-finite (NaN or ±inf).
 
@@ -224,6 +260,17 @@ def warn_short_schedule(algorithm, rounds: int) -> str | None:
   return msg
 
 
+def _privacy_record(algorithm, task, num_clients: int, cohort: int, rounds: int):
+  """summary.json's ``privacy``: client-level DP (``fedjax_inv.privacy.record``) and,
+  under DP-SGD, ``sample_level`` (``fedjax_inv.dp_sgd.record``); None without either."""
+  from fedjax_inv import dp_sgd
+  rec = privacy.record(algorithm, num_clients, cohort, rounds)
+  sample = dp_sgd.record(algorithm, task.train.n, rounds)
+  if sample is None:
+    return rec
+  return {**(rec or {}), "sample_level": sample}
+
+
 def prepare(task, algorithm, rounds, clients_per_round, execution, chunk_size,
             eval_every, shard, reporting, rounds_per_call, measure: bool = True):
   """Checks a run's settings and builds its jitted pieces (shared by :func:`run` and
@@ -287,7 +334,7 @@ def prepare(task, algorithm, rounds, clients_per_round, execution, chunk_size,
       rounds=rounds, num_clients=num_clients, cohort=cohort, rep=rep, schedule=schedule,
       model=model, round_fn=round_fn, rounds_per_call=int(rounds_per_call),
       evaluate=evaluate, predict_fn=predict_fn, probe=probe,
-      privacy=privacy.record(algorithm, num_clients, cohort, rounds),
+      privacy=_privacy_record(algorithm, task, num_clients, cohort, rounds),
       padding=padding_overhead(task.train, algorithm, cohort, round_fn.strategy,
                                getattr(round_fn, "chunk_size", None)),
       dp_epsilon=(None if "dp_clip" not in algorithm.hparams else
@@ -454,6 +501,10 @@ class _Replicas:
   def params(self, server, i):
     return _take(server.params, i) if self.batched else server.params
 
+  def client_state(self, cstates, name: str, i):
+    """Replica ``i``'s pool state ``cstates[name]`` (``[N, ...]``)."""
+    return _take(cstates[name], i) if self.batched else cstates[name]
+
   def flags(self, bad) -> np.ndarray:
     return np.atleast_1d(multihost.to_host(bad))
 
@@ -545,6 +596,7 @@ def train_loop(p, round_fn, data, server, cstates, keys, *, tasks, algorithm, ba
     time divided by S.
   """
   reps = _Replicas(tasks, algorithm.name, batched)
+  personal = algorithm.personal
   fused = build_fused_rounds(round_fn) if p.rounds_per_call > 1 else None
   t0 = time.perf_counter()
   bad, start = reps.zero_flags(), 1
@@ -584,6 +636,11 @@ def train_loop(p, round_fn, data, server, cstates, keys, *, tasks, algorithm, ba
               entry["dp_epsilon"] = p.dp_epsilon(r)
             entry.update(evaluate_all(p.evaluate, params, reps.tasks[i], p.rep,
                                       p.predict_fn))
+            if personal is not None:
+              states = reps.client_state(cstates, personal.name, i)
+              entry.update(personal_metrics(
+                  p.evaluate, personal, multihost.to_host(states) if multi else states,
+                  reps.tasks[i]))
             reps.histories[i].append(entry)
             keep_selected(p.rep, reps.histories[i], params, reps.selected_params[i])
       if saving and r % checkpoint_every == 0 and r < p.rounds:

@@ -97,10 +97,16 @@ def trial_points(algorithm: str, protocol: Protocol, fixed=()) -> list:
 
 
 def _score(final: Optional[dict], kind: str) -> float:
-  """Selection score (higher is better); -inf for a diverged run."""
+  """Selection score (higher is better); -inf for a diverged run. A personalized method
+  (Ditto) is scored on the models it deploys: ``personal_val_mean_client_accuracy``,
+  each client's personal model on its own validation rows
+  (``fedjax_inv.simulation.personal_metrics``), where a global-model method is scored on
+  ``val_mean_client_accuracy``, the global model on the same rows."""
   key, sense = SELECTION[kind]
   if final is None:
     return -math.inf
+  if kind != "regression" and "personal_val_mean_client_accuracy" in final:
+    key = "personal_val_mean_client_accuracy"
   if key not in final and key == "val_mean_client_accuracy":
     key = "val_accuracy"  # one training client: its validation accuracy
   v = float(final[key])

@@ -124,8 +124,20 @@ def reference_run(model, kind, data, params, *, rounds, cohort, key, local_steps
                   batch_size, client_lr, client_momentum=None, server="sgd",
                   server_lr=1.0, server_momentum=0.9, b1=0.9, b2=0.99, tau=1e-3,
                   weighting="num_examples", mu=0.0, scaffold=False, local_epochs=None,
-                  clients=None, labels=None, steps=None, updates=None, aggregate=None):
+                  clients=None, labels=None, steps=None, updates=None, aggregate=None,
+                  ditto=None, per_example_clip=None):
   """Runs ``rounds`` rounds with a Python loop over clients and returns the params.
+
+  ``per_example_clip``: None, or ``C``: DP-SGD without noise (Abadi et al. 2016): each
+  step's gradient is ``Σ_i g_i min(1, C/‖g_i‖) / batch_size`` over the step's rows, every
+  per-example gradient ``g_i`` taken on its own.
+
+  ``ditto``: None, or ``{'lam', 'steps', 'lr'}``: every sampled client also takes
+  ``steps`` personal SGD steps ``v ← v − lr (∇F(v) + lam (v − w_t))`` (Ditto eq. 2, Alg. 1)
+  from its own ``v`` (the initial params before its first round) on minibatches drawn
+  with the client's message key (client key -> (train key, message key); message key ->
+  (index key, _); index key -> randint [steps, B] over [0, n)); the personal models are
+  left in ``ditto['v']`` (a list over the pool).
 
   Hooks (issue 26; each gets plain numpy / Python values): ``clients(rnd, idx, ckeys)
   -> kept slot positions`` (dropout, availability); ``labels(i, y) -> y`` (label
@@ -139,6 +151,8 @@ def reference_run(model, kind, data, params, *, rounds, cohort, key, local_steps
   c_server = tmap(jnp.zeros_like, params)
   c_clients = [tmap(jnp.zeros_like, params) for _ in range(N)]
   grad = jax.jit(jax.grad(lambda p, x, y, w: loss_fn(model, kind, p, x, y, w)))
+  if ditto is not None:
+    ditto["v"] = [params] * N
   for rnd in range(rounds):
     idx, ckeys = round_keys(key, rnd, N, cohort)
     if clients is not None:
@@ -163,7 +177,10 @@ def reference_run(model, kind, data, params, *, rounds, cohort, key, local_steps
           xb, yb, wb = xi, yi, (np.arange(len(xi)) < n).astype(np.float32)
         else:
           xb, yb, wb = xi[bidx], yi[bidx], np.ones(len(bidx), np.float32)
-        g = grad(p, xb, yb, wb)
+        if per_example_clip is None:
+          g = grad(p, xb, yb, wb)
+        else:
+          g = _clipped_sum(grad, p, xb, yb, wb, per_example_clip, batch_size)
         if mu:
           g = tmap(lambda g, w, w0: g + mu * (w - w0), g, p, params)
         if scaffold:
@@ -172,6 +189,9 @@ def reference_run(model, kind, data, params, *, rounds, cohort, key, local_steps
           mom = tmap(lambda m, g: client_momentum * m + g, mom, g)
           g = mom
         p = tmap(lambda w, g: w - client_lr * g, p, g)
+      if ditto is not None:
+        ditto["v"][i] = _ditto_personal(grad, ditto, ditto["v"][i], params, ck, xi, yi, n,
+                                        batch_size)
       deltas.append(tmap(jnp.subtract, params, p))
       weights.append(float(n) if weighting == "num_examples" else 1.0)
       if scaffold:
@@ -207,3 +227,36 @@ def reference_run(model, kind, data, params, *, rounds, cohort, key, local_steps
       params = tmap(lambda w, m, v: w + server_lr * m / (jnp.sqrt(v) + tau), params,
                     m_state, v_state)
   return params
+
+
+def _ditto_personal(grad, ditto, v, w_t, ck, xi, yi, n, batch_size):
+  """One client's Ditto personal steps (see ``reference_run``'s ``ditto``)."""
+  _, k_msg = jax.random.split(ck)
+  k_idx, _ = jax.random.split(k_msg)
+  if batch_size is None:
+    batches = [None] * ditto["steps"]
+  else:
+    batches = list(np.asarray(jax.random.randint(k_idx, (ditto["steps"], batch_size), 0,
+                                                 n)))
+  for bidx in batches:
+    if bidx is None:
+      xb, yb, wb = xi, yi, (np.arange(len(xi)) < n).astype(np.float32)
+    else:
+      xb, yb, wb = xi[bidx], yi[bidx], np.ones(len(bidx), np.float32)
+    g = grad(v, xb, yb, wb)
+    v = tmap(lambda a, b, c: a - ditto["lr"] * (b + ditto["lam"] * (a - c)), v, g, w_t)
+  return v
+
+
+def _clipped_sum(grad, p, xb, yb, wb, clip, batch_size):
+  """``Σ_i g_i min(1, C/‖g_i‖) / B``, one example at a time (rows of weight 0 skipped)."""
+  total = tmap(jnp.zeros_like, p)
+  for j in range(len(yb)):
+    if wb[j] == 0:
+      continue
+    g = grad(p, xb[j:j + 1], yb[j:j + 1], np.ones(1, np.float32))
+    norm = float(np.sqrt(sum(float(np.sum(np.square(np.asarray(leaf))))
+                             for leaf in jax.tree.leaves(g))))
+    f = min(1.0, clip / norm) if norm > 0 else 1.0
+    total = tmap(lambda t, gi: t + f * gi, total, g)
+  return tmap(lambda t: t / batch_size, total)

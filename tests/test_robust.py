@@ -14,6 +14,7 @@ from fedjax_inv.algorithms import make_algorithm
 from fedjax_inv.core.adversary import Attack, Participation
 from fedjax_inv.core.engine import build_round, init_state
 from tests.reference import reference_run, round_keys
+from tests.rounds import run_rounds
 
 # ---------------------------------------------------------------------------------------
 # The aggregators on a stack of updates (two leaves; absent clients have weight 0)
@@ -131,12 +132,7 @@ def _multiclass_pool():
 
 
 def _engine(alg, data, model, strategy="scan", rounds=2, cohort=6):
-  rf = build_round(model, "multiclass", alg, data.num_clients, cohort, execution=strategy,
-                   chunk_size=2)
-  server, cs = init_state(alg, model.init(0), data.num_clients)
-  for _ in range(rounds):
-    server, cs, _ = rf(server, cs, data, jax.random.key(0))
-  return server.params
+  return run_rounds(alg, data, model, strategy, rounds, cohort)[0]
 
 
 BASE = dict(client_lr=0.2, local_steps=3, batch_size=4)

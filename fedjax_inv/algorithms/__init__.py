@@ -10,3 +10,4 @@ from fedjax_inv.algorithms import fedilc  # noqa: F401  FedILC family (FedSGD-ty
 from fedjax_inv.algorithms import fedcurv  # noqa: F401  Shoham et al.'s FedCurv
 from fedjax_inv.algorithms import fedsr  # noqa: F401  FedSR, FedL2R, FedCMI
 from fedjax_inv.algorithms import fedgma  # noqa: F401  FedGMA, AND-mask
+from fedjax_inv.algorithms import ditto  # noqa: F401  Ditto (personalization)

@@ -95,6 +95,11 @@ SCHEMA = {
     "intra_groups": P("opt_int", source="Intra-Geo number of groups (None: by size)"),
     "intra_shuffle": P("bool", source="Intra-Geo: shuffle before grouping"),
     "rescale": P("bool", source="FedILC: rescale the geometric mean"),
+    # Ditto
+    "ditto_lambda": P("nonneg", traced=True, source="Ditto eq. 2 λ (pull of the personal "
+                      "model to the global one)"),
+    "personal_steps": P("opt_int", source="Ditto Alg. 1 s (None: local_steps)"),
+    "personal_lr": P("pos", source="Ditto Alg. 1 η of the personal steps"),
     # FedSR
     "alpha_l2r": P("nonneg", source="FedSR eq. 4 α_L2R"),
     "alpha_cmi": P("nonneg", source="FedSR eq. 6 α_CMI"),

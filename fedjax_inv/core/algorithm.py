@@ -146,6 +146,13 @@ class Component:
       message}`` (SCAFFOLD's control update, Fishr's ``+ λ∇L_Fishr``); or, for a stage
       that needs no messages and no shared state, any optax transformation (its state is
       its own, in the server's optimizer state; FedSR's zeroed reference update).
+  6. Personalization (evaluation only):
+    personal_params(state) -> params: the client's own model, read from its client state
+      (one client's, no pool axis): Ditto's personal parameters ``v_k``. The run then
+      evaluates every pool client's personal model on that client's own rows of each
+      evaluation set with one client per training client (``personal_val_*``) and on
+      its training data (``personal_train_*``), beside the global model's metrics
+      (``fedjax_inv.simulation.personal_metrics``). At most one component has it.
 
   Data field ``traced``: names of the hyperparameters the hooks read with
   :func:`hparam` (e.g. FedProx's ``'mu'``), so a sweep over them runs batched as one
@@ -176,6 +183,8 @@ class Component:
   # 5. server stage
   init_server: Optional[Callable] = None
   server_stage: Optional[Any] = None
+  # 6. personalization
+  personal_params: Optional[Callable] = None
   traced: tuple = ()
 
 
@@ -295,8 +304,9 @@ class Algorithm:
       ``local_epochs`` without a ``batch_size``, an unknown ``weighting`` or
       ``client_optimizer_state`` (names the value and the valid ones), ``hparams``
       recording another ``local_steps`` / ``client_optimizer_state`` than the algorithm
-      runs, repeated or reserved component names, or several components replacing the
-      forward pass / gradient estimator.
+      runs, repeated or reserved component names, several components replacing the
+      forward pass / gradient estimator or holding personal models, or a component with
+      ``personal_params`` but no ``init_client``.
     TypeError: a ``client_stage`` / ``server_stage`` that is neither a function nor an
       optax transformation.
   """
@@ -377,6 +387,14 @@ class Algorithm:
       raise ValueError("at most one component may replace the forward pass.")
     if sum(c.grad_estimator is not None for c in self.components) > 1:
       raise ValueError("at most one component may replace the gradient estimator.")
+    for c in self.components:
+      if c.personal_params is not None and c.init_client is None:
+        raise ValueError(f"component {c.name!r} has personal_params but no init_client: "
+                         "its personal model is read from its per-client state; give it "
+                         "one.")
+    if sum(c.personal_params is not None for c in self.components) > 1:
+      raise ValueError("at most one component may hold the clients' personal models "
+                       "(personal_params).")
 
   def client_chain(self) -> optax.GradientTransformationExtraArgs:
     """One local step's chain: ``optax.named_chain`` of each component's
@@ -399,6 +417,12 @@ class Algorithm:
     term, replaces the forward pass or scales the loss (what ``Objective.task_only``
     tells a gradient estimator, and what the memory estimate assumes of it)."""
     return not any(c.loss or c.forward or c.loss_scale for c in self.components)
+
+  @property
+  def personal(self) -> Optional[Component]:
+    """The component holding each client's personal model (``personal_params``; Ditto),
+    or None for an algorithm that trains only the global model."""
+    return next((c for c in self.components if c.personal_params is not None), None)
 
   def server_optimizer_state(self, params) -> dict:
     """The server's optimizer state ``ServerState.opt_state``: ``{component name: state}``

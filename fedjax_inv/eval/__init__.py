@@ -55,6 +55,8 @@ def build_evaluator(model, kind: str, algorithm=None, eval_batch: int = 2048,
   Padded examples (past ``n[i]``) have no influence on any output, even when their
   inputs or labels hold inf/NaN: they are zeroed before the forward pass and dropped
   with ``where`` (:func:`masked_example_sums`).
+  ``evaluate.each(params, data)`` evaluates client ``i`` with its own ``params[i]``
+  (leading client axis ``[N, ...]``): personalized models (Ditto).
   """
   losses.check_kind(kind)
   predict = eval_logits_fn(model, algorithm)
@@ -66,26 +68,43 @@ def build_evaluator(model, kind: str, algorithm=None, eval_batch: int = 2048,
 
   key0 = jax.random.key(seed)
 
+  def one_client(params, xc, yc, nc, block):
+    nb = xc.shape[0] // block
+    xb = xc.reshape((nb, block) + xc.shape[1:])
+    yb = yc.reshape((nb, block))
+
+    def one_block(args2):
+      i, xbb, ybb = args2
+      w = ((i * block + jnp.arange(block)) < nc).astype(jnp.float32)
+      xbb = losses.mask_rows(xbb, w > 0)  # padded inputs never reach the model
+      logits = predict(params, xbb, jax.random.fold_in(key0, i))
+      return masked_example_sums(kind, logits, ybb, w)
+
+    ls, cs = jax.lax.map(one_block, (jnp.arange(nb), xb, yb))
+    return jnp.sum(ls), jnp.sum(cs)
+
   @functools.partial(jax.jit, static_argnames=("block",))
   def _eval(params, x, y, n, block):
-    nb = x.shape[1] // block
+    return jax.lax.map(lambda a: one_client(params, *a, block), (x, y, n))
 
-    def one_client(args):
-      xc, yc, nc = args
-      xb = xc.reshape((nb, block) + xc.shape[1:])
-      yb = yc.reshape((nb, block))
+  @functools.partial(jax.jit, static_argnames=("block",))
+  def _eval_each(params, x, y, n, block):  # client i's own parameters params[i]
+    return jax.lax.map(lambda a: one_client(*a, block), (params, x, y, n))
 
-      def one_block(args2):
-        i, xbb, ybb = args2
-        w = ((i * block + jnp.arange(block)) < nc).astype(jnp.float32)
-        xbb = losses.mask_rows(xbb, w > 0)  # padded inputs never reach the model
-        logits = predict(params, xbb, jax.random.fold_in(key0, i))
-        return masked_example_sums(kind, logits, ybb, w)
+  def _padded(data: ClientData):
+    block = min(eval_batch, data.n_max)
+    pad = (-data.n_max) % block
+    x, y = data.x, data.y
+    if pad:
+      x = jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2))
+      y = jnp.pad(y, [(0, 0), (0, pad)])
+    return x, y, block
 
-      ls, cs = jax.lax.map(one_block, (jnp.arange(nb), xb, yb))
-      return jnp.sum(ls), jnp.sum(cs)
-
-    return jax.lax.map(one_client, (x, y, n))
+  def _sums(loss_sum, correct, data: ClientData) -> dict:
+    out = {"loss_sum": np.asarray(loss_sum), "n": np.asarray(data.n)}
+    if kind != "regression":
+      out["correct"] = np.asarray(correct)
+    return out
 
   @functools.partial(jax.jit, static_argnames=("num_clients",))
   def _eval_flat(params, x, y, seg, num_clients):
@@ -106,7 +125,6 @@ def build_evaluator(model, kind: str, algorithm=None, eval_batch: int = 2048,
     return jnp.sum(ls, 0)[:num_clients], jnp.sum(cs, 0)[:num_clients]
 
   def evaluate(params, data: ClientData) -> dict:
-    n_max = data.n_max
     if ragged and _padding(data) > RAGGED_ABOVE:
       x, y, seg = _flat_blocks(data, eval_batch)
       loss_sum, correct = _eval_flat(params, x, y, seg, num_clients=data.num_clients)
@@ -114,18 +132,22 @@ def build_evaluator(model, kind: str, algorithm=None, eval_batch: int = 2048,
       if kind != "regression":
         out["correct"] = np.rint(np.asarray(correct))
       return out
-    block = min(eval_batch, n_max)
-    pad = (-n_max) % block
-    x, y = data.x, data.y
-    if pad:
-      x = jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2))
-      y = jnp.pad(y, [(0, 0), (0, pad)])
-    loss_sum, correct = _eval(params, x, y, data.n, block=block)
-    out = {"loss_sum": np.asarray(loss_sum), "n": np.asarray(data.n)}
-    if kind != "regression":
-      out["correct"] = np.asarray(correct)
-    return out
+    x, y, block = _padded(data)
+    return _sums(*_eval(params, x, y, data.n, block=block), data)
 
+  def each(params, data: ClientData) -> dict:
+    """Client ``i`` of ``data`` evaluated with its own parameters ``params[i]`` (a
+    pytree with a leading client axis ``[N, ...]``, ``N = data.num_clients``): the
+    personal models of Ditto (Li et al. 2021, §3, personalized accuracy). Same output as
+    ``evaluate``. Raises ValueError when the leading axis is not ``N``."""
+    lead = {a.shape[0] for a in jax.tree.leaves(params)}
+    if lead != {data.num_clients}:
+      raise ValueError(f"per-client parameters with leading axis {sorted(lead)} for "
+                       f"{data.num_clients} clients; give one model per client.")
+    x, y, block = _padded(data)
+    return _sums(*_eval_each(params, x, y, data.n, block=block), data)
+
+  evaluate.each = each
   return evaluate
 
 

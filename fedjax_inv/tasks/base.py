@@ -230,9 +230,21 @@ def with_validation(task: Task, fraction: float = 0.1, seed: int = 0) -> Task:
                                         **task.eval_sets}, info=info)
 
 
-def make_task(name: str, **kw) -> Task:
-  """Builds task ``name``. Raises ValueError for an unknown name or an argument the task
-  does not take (lists the valid ones)."""
+def make_task(name: str, val_fraction: float | None = None, **kw) -> Task:
+  """Builds task ``name``.
+
+  Args:
+    name: a registered task (``fedjax-inv list``).
+    val_fraction: None, or a share in (0, 0.5] of every training client held out as its
+      own validation client: :func:`with_validation` with the task's ``seed`` (what
+      training-domain validation and Ditto's personalized accuracy read; ``--task-arg
+      val_fraction=0.2``). A task that already has a ``'val'`` set keeps it.
+    **kw: the task's own arguments.
+
+  Raises:
+    ValueError: an unknown name, an argument the task does not take (lists the valid
+      ones), or a ``val_fraction`` outside (0, 0.5].
+  """
   if name not in _TASKS:
     raise ValueError(f"unknown task {name!r}; available: {sorted(_TASKS)}. "
                      "Run `fedjax-inv list` to see them.")
@@ -243,5 +255,13 @@ def make_task(name: str, **kw) -> Task:
     if unknown:
       raise ValueError(f"task {name!r} takes no argument(s) {unknown}; its arguments: "
                        f"{sorted(set(params) - {'data_dir', 'source', 'download', 'seed'})}"
-                       " (--task-arg NAME=VALUE).")
-  return _TASKS[name].builder(**kw)
+                       " and val_fraction (--task-arg NAME=VALUE).")
+  if val_fraction is not None and (isinstance(val_fraction, bool) or
+                                   not isinstance(val_fraction, (int, float)) or
+                                   not 0 < val_fraction <= 0.5):
+    raise ValueError(f"val_fraction={val_fraction!r}; use a share in (0, 0.5] of every "
+                     "training client (--task-arg val_fraction=0.2).")
+  task = _TASKS[name].builder(**kw)
+  if val_fraction is None:
+    return task
+  return with_validation(task, float(val_fraction), int(kw.get("seed", 0) or 0))
