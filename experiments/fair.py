@@ -154,6 +154,12 @@ VIEWS = {
         variants=("starting", "report"), scale=100.0, digits=1,
         metrics={"test acc. 0°": "selected:max:val_mean_client_accuracy:ood_accuracy",
                  "last round": "ood_accuracy", "val acc.": "val_mean_client_accuracy"})),
+    "ditto_mnist": ("robustness", "ditto_mnist", dict(
+        variants=("starting", "report"), scale=100.0, digits=1,
+        metrics={"own val rows, deployed model(s)":
+                 "personal_val_mean_client_accuracy|val_mean_client_accuracy",
+                 "own val rows, global model": "val_mean_client_accuracy",
+                 "test acc., global model": "test_accuracy"})),
     "fedilc": ("fedilc", None, {}),
     "fedsr_cpu_r500": ("fedsr", None, {}),
     "fig3_epochs": ("invariant_fedavg", None, {}),

@@ -122,8 +122,8 @@ def personal_metrics(evaluate, component, states, task) -> dict:
   Returns:
     ``summarize`` metrics with the prefixes ``personal_train`` and ``personal_val``:
     ``personal_val_mean_client_accuracy`` is the mean over clients of each personal
-    model's accuracy on its own held-out rows, Ditto's reported metric (Li et al. 2021,
-    §5 "average test accuracy across devices"), beside ``val_mean_client_accuracy`` of
+    model's accuracy on its own held-out rows (Ditto's reported metric, the test
+    accuracy averaged over devices; Li et al. 2021), beside ``val_mean_client_accuracy`` of
     the global model on the same rows.
   """
   own = jax.vmap(component.personal_params)(states)

@@ -380,8 +380,11 @@ def mean_std(values, ddof: int = 1) -> tuple:
 
 
 def metric_values(runs: list, metric: str) -> list:
-  """The ``metric`` of each run: a key of ``final``, or ``'last_k_mean:<key>'`` /
-  ``'selected:<rule>:<key>'`` for the paper-protocol records; None for a diverged run."""
+  """The ``metric`` of each run: a key of ``final``, ``'<key>|<fallback>'`` (the first of
+  the keys that ``final`` has: e.g. a personalized method's
+  ``personal_val_mean_client_accuracy``, else the global model's), or
+  ``'last_k_mean:<key>'`` / ``'selected:<rule>:<key>'`` for the paper-protocol records;
+  None for a diverged run."""
   out = []
   for r in runs:
     if r.get("final") is None:
@@ -391,6 +394,8 @@ def metric_values(runs: list, metric: str) -> list:
     elif metric.startswith("selected:"):
       rule, key = metric.split(":", 1)[1].rsplit(":", 1)  # a rule may hold a colon
       out.append(r["selected"][rule][key])
+    elif "|" in metric:
+      out.append(next(r["final"][k] for k in metric.split("|") if k in r["final"]))
     else:
       out.append(r["final"][metric])
   return out

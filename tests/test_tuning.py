@@ -131,6 +131,34 @@ def test_regression_selection_minimizes_val_mse(tmp_path, monkeypatch):
   assert sel["trial"] == 1 and sel["score"] == 1.0
 
 
+def test_a_personalized_method_is_selected_on_its_personal_models(tmp_path, monkeypatch):
+  """Ditto's trials differ in their personal score only (the global model is FedAvg's):
+  selection reads personal_val_mean_client_accuracy, and the table's 'a|b' column falls
+  back to the global model's score for a method without personal models."""
+  personal = {0: 0.70, 1: 0.90, 2: 0.80}
+
+  def fake(path, key, task, algorithm, settings, run_kw, label=None):
+    final = {"val_mean_client_accuracy": 0.5, "ood_accuracy": 0.1}
+    if label == "ditto":
+      final["personal_val_mean_client_accuracy"] = personal[key["trial"]]
+    return {"key": key, "final": final, "hparams": {}}
+  monkeypatch.setattr(tuning, "_run_one", fake)
+  p = tuning.Protocol(trials=3, tuning_seeds=(100,), report_seeds=(0,))
+  monkeypatch.setattr(tuning, "load_row", lambda out: None)
+  tuning.tune_row(tmp_path / "r", task="synthetic_hospital",
+                  task_kwargs=dict(n_per_client=20, n_ood=10),
+                  algorithms=["fedavg", "ditto"], rounds=2, protocol=p,
+                  stream=open("/dev/null", "w"))
+  sel = json.loads((tmp_path / "r" / "selected.json").read_text())
+  assert sel["ditto"]["trial"] == 1 and sel["ditto"]["score"] == 0.90
+  assert sel["fedavg"]["trial"] == 0  # ties on the global score: the first trial
+  runs = [{"final": {"val_mean_client_accuracy": 0.5}},
+          {"final": {"val_mean_client_accuracy": 0.5,
+                     "personal_val_mean_client_accuracy": 0.9}}]
+  key = "personal_val_mean_client_accuracy|val_mean_client_accuracy"
+  assert tuning.metric_values(runs, key) == [0.5, 0.9]
+
+
 @pytest.mark.slow
 def test_real_row_runs_resumes_and_tables(tmp_path):
   p = tuning.Protocol(trials=2, tuning_seeds=(100,), report_seeds=(0, 1))

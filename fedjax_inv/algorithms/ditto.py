@@ -108,7 +108,8 @@ def ditto(ditto_lambda: float = 0.1, personal_steps: int | None = None,
   Args:
     ditto_lambda: λ of Ditto eq. 2 (default 0.1).
     personal_steps: personal steps ``s`` per round (default: ``local_steps``).
-    personal_lr: their learning rate (default: ``client_lr``).
+    personal_lr: their learning rate (default: ``client_lr``, and then absent from
+      ``hparams``, so a sweep over ``client_lr`` moves both and still runs batched).
     **kw: FedAvg's keywords (``client_lr``, ``local_steps``, ``batch_size``, ...).
 
   Raises:
@@ -123,7 +124,7 @@ def ditto(ditto_lambda: float = 0.1, personal_steps: int | None = None,
   comp = ditto_component(ditto_lambda, s, personal_lr, alg.hparams["client_lr"],
                          alg.batch_size)
   alg = alg.with_component(comp)
-  return alg.replace(hparams={**alg.hparams, "ditto_lambda": ditto_lambda,
-                              "personal_steps": s,
-                              "personal_lr": personal_lr if personal_lr is not None
-                              else alg.hparams["client_lr"]})
+  hp = {**alg.hparams, "ditto_lambda": ditto_lambda, "personal_steps": s}
+  if personal_lr is not None:  # absent: the personal steps follow client_lr (traced too)
+    hp["personal_lr"] = personal_lr
+  return alg.replace(hparams=hp)

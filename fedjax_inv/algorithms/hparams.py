@@ -91,8 +91,8 @@ SEARCH = {
               "alpha_cmi": Range("log10", -4.0, -1.0, source="FedSR §4 (official 5e-4)")},
     "fedl2r": {"alpha_l2r": Range("log10", -4.0, -1.0, source="FedSR §4")},
     "fedcmi": {"alpha_cmi": Range("log10", -4.0, -1.0, source="FedSR §4")},
-    "ditto": {"ditto_lambda": Range("log10", -2.0, 0.5, source="Ditto §5 λ grid "
-                                    "{0.01, 0.1, 1, 2}")},
+    "ditto": {"ditto_lambda": Range("log10", -2.0, 0.5, source="Ditto eq. 2 λ: 0.01 "
+                                    "(nearly local models) to 3.2 (near the global)")},
     "fedgma": MASK, "and_mask": MASK,
     "fishr_inter_geo": FISHR, "fishr_intra_geo": FISHR, "fishr_intra_arith": FISHR,
     "fedcurv": FISHR,

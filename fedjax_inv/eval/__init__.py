@@ -138,7 +138,7 @@ def build_evaluator(model, kind: str, algorithm=None, eval_batch: int = 2048,
   def each(params, data: ClientData) -> dict:
     """Client ``i`` of ``data`` evaluated with its own parameters ``params[i]`` (a
     pytree with a leading client axis ``[N, ...]``, ``N = data.num_clients``): the
-    personal models of Ditto (Li et al. 2021, §3, personalized accuracy). Same output as
+    personal models of Ditto (Li et al. 2021: personalized accuracy). Same output as
     ``evaluate``. Raises ValueError when the leading axis is not ``N``."""
     lead = {a.shape[0] for a in jax.tree.leaves(params)}
     if lead != {data.num_clients}:
