@@ -55,6 +55,20 @@ def test_validation_split_keeps_a_task_own_val_and_checks_fraction():
       with_validation(task, bad)
 
 
+def test_make_task_val_fraction_holds_out_part_of_every_client():
+  kw = dict(seed=1, n_per_client=20, n_ood=10)
+  base = make_task("synthetic_hospital", **kw)
+  t = make_task("synthetic_hospital", val_fraction=0.2, **kw)
+  val = t.eval_sets["val"]
+  assert val.num_clients == t.train.num_clients == base.train.num_clients
+  np.testing.assert_array_equal(np.asarray(t.train.n) + np.asarray(val.n),
+                                np.asarray(base.train.n))
+  assert np.all(np.asarray(val.n) == 4)  # 20 % of 20
+  for bad in (0.9, 0.0, True):
+    with pytest.raises(ValueError, match=f"val_fraction={bad!r}"):
+      make_task("synthetic_hospital", val_fraction=bad, **kw)
+
+
 def test_protocol_refuses_overlapping_seeds_and_bad_trials():
   with pytest.raises(ValueError, match=r"seeds \[1\] are both tuning and report seeds"):
     tuning.Protocol(trials=2, tuning_seeds=(1, 5), report_seeds=(0, 1)).check()
