@@ -238,7 +238,9 @@ def make_task(name: str, val_fraction: float | None = None, **kw) -> Task:
     val_fraction: None, or a share in (0, 0.5] of every training client held out as its
       own validation client: :func:`with_validation` with the task's ``seed`` (what
       training-domain validation and Ditto's personalized accuracy read; ``--task-arg
-      val_fraction=0.2``). A task that already has a ``'val'`` set keeps it.
+      val_fraction=0.2``). A task that already has a ``'val'`` set keeps it; a task
+      whose builder takes ``val_fraction`` itself (the domain tasks' split of every
+      source domain) gets it as its own argument.
     **kw: the task's own arguments.
 
   Raises:
@@ -250,6 +252,10 @@ def make_task(name: str, val_fraction: float | None = None, **kw) -> Task:
                      "Run `fedjax-inv list` to see them.")
   import inspect
   params = inspect.signature(_TASKS[name].builder).parameters
+  if "val_fraction" in params:  # a domain task's own split of every source domain
+    if val_fraction is not None:
+      kw["val_fraction"] = val_fraction
+    val_fraction = None
   if not any(p.kind == p.VAR_KEYWORD for p in params.values()):
     unknown = sorted(set(kw) - set(params))
     if unknown:
