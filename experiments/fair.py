@@ -191,6 +191,10 @@ SUMMARY = [
      "ood_accuracy", "test acc. 0°", ["fedavg", "fedsr", "fedsr_restart"], 100.0, 1),
     ("fedgma_mnist", "MNIST non-i.i.d., test acc. % (last 20 rounds)",
      "last_k_mean:test_accuracy", "test acc. (last 20)", ["fedavg", "fedgma"], 100.0, 1),
+    ("ditto_mnist", "MNIST non-i.i.d. (10 clients), each client's deployed model on its "
+     "own held-out rows, mean over clients, % (Ditto: personal models)",
+     "personal_val_mean_client_accuracy|val_mean_client_accuracy",
+     "own val rows, deployed model(s)", ["fedavg", "ditto"], 100.0, 1),
 ]
 
 
