@@ -113,9 +113,10 @@ RUN_KEYS = {  # config key -> (type, help); every help states the default
                                     "(fixed clip)"),
     "dp_sgd_clip": (float, "sample-level DP-SGD on the client (Abadi et al. 2016): clip "
                     "every per-example gradient to this L2 norm; needs --local-epochs or "
-                    "--batch-size full"),
+                    "--batch-size full; default off"),
     "dp_sgd_noise_multiplier": (float, "DP-SGD noise multiplier sigma >= 0 (noise std "
-                                "sigma * clip on the sum of a step's clipped gradients)"),
+                                "sigma * clip on the sum of a step's clipped gradients); "
+                                "default: none, give it with --dp-sgd-clip"),
     "dp_sgd_delta": (float, "DP-SGD delta in (0, 1), per example; default 1e-5"),
     "dp_accountant": (str, "DP accountant: rdp | pld (pld needs --client-sampling "
                            "poisson); default rdp"),
