@@ -62,8 +62,7 @@ class DPSGDSettings:
 
   def check(self) -> "DPSGDSettings":
     """Raises ValueError naming the bad value (as the CLI flag) and the fix."""
-    def number(v):
-      return isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(v)
+    from fedjax_inv.privacy import is_number as number
     if not number(self.clip) or self.clip <= 0:
       raise ValueError(f"--dp-sgd-clip {self.clip!r}: the per-example clipping norm C must "
                        "be > 0 (e.g. 1.0).")
@@ -185,22 +184,14 @@ def client_epsilon(noise_multiplier: float, delta: float, n: int, batch_size, st
   add-or-remove-one (``math.inf`` for ``σ = 0``)."""
   if noise_multiplier == 0:
     return math.inf
-  from fedjax_inv.privacy import _dpa
-  import logging
+  from fedjax_inv.privacy import _accountant, _dpa, quiet_epsilon
   dpa = _dpa()
-  from dp_accounting import rdp
   q = 1.0 if batch_size is None else min(1.0, batch_size / max(n, 1))
   gaussian = dpa.GaussianDpEvent(noise_multiplier)
   one = gaussian if q >= 1.0 else dpa.PoissonSampledDpEvent(q, gaussian)
-  absl_log = logging.getLogger("absl")
-  level = absl_log.level
-  absl_log.setLevel(logging.ERROR)
-  try:
-    acc = rdp.RdpAccountant(neighboring_relation=dpa.NeighboringRelation.ADD_OR_REMOVE_ONE)
-    acc.compose(dpa.SelfComposedDpEvent(one, int(steps) * int(rounds)))
-    return float(acc.get_epsilon(delta))
-  finally:
-    absl_log.setLevel(level)
+  acc = _accountant("rdp", "poisson")  # RDP, add-or-remove-one
+  acc.compose(dpa.SelfComposedDpEvent(one, int(steps) * int(rounds)))
+  return quiet_epsilon(acc, delta)
 
 
 def record(algorithm, client_sizes, rounds: int) -> Optional[dict]:

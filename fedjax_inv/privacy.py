@@ -99,8 +99,7 @@ class DPSettings:
 
   def check(self) -> "DPSettings":
     """Raises ValueError naming the bad value (as the CLI flag) and the fix."""
-    def number(v):
-      return isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(v)
+    number = is_number
     if not number(self.clip) or self.clip <= 0:
       raise ValueError(f"--dp-clip {self.clip!r}: the clipping norm C must be > 0 "
                        "(e.g. 1.0; 'inf' only with --dp-noise-multiplier 0).")
@@ -369,17 +368,27 @@ def epsilon(noise_multiplier: float, delta: float, accountant: str, sampling: st
     return 0.0
   if noise_multiplier == 0:
     return math.inf
-  # dp-accounting's RDP logs a warning per fractional order it cannot evaluate (and
-  # leaves out); the epsilon is over the orders it could.
+  acc = _accountant(accountant, sampling)
+  acc.compose(dp_event(noise_multiplier, sampling, num_clients, cohort, rounds))
+  return quiet_epsilon(acc, delta)
+
+
+def quiet_epsilon(accountant, delta: float) -> float:
+  """``accountant.get_epsilon(delta)`` with absl's warnings silenced: dp-accounting's RDP
+  logs one per fractional order it cannot evaluate (and leaves out); the epsilon is over
+  the orders it could. Shared with ``fedjax_inv.dp_sgd``."""
   absl_log = logging.getLogger("absl")
   level = absl_log.level
   absl_log.setLevel(logging.ERROR)
   try:
-    acc = _accountant(accountant, sampling)
-    acc.compose(dp_event(noise_multiplier, sampling, num_clients, cohort, rounds))
-    return float(acc.get_epsilon(delta))
+    return float(accountant.get_epsilon(delta))
   finally:
     absl_log.setLevel(level)
+
+
+def is_number(v) -> bool:
+  """A real number (not a bool, not NaN): what the DP settings' checks accept."""
+  return isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(v)
 
 
 def solve_noise(target_epsilon: float, delta: float, accountant: str, sampling: str,
