@@ -214,13 +214,10 @@ def cmd_run(args) -> int:
   cfg = {k: v for k, v in cfg.items() if not k.startswith("_")}
   overrides = algorithm_overrides(cfg)
   from fedjax_inv.experiment import run_experiment
-  if not lead:  # every process computes; only process 0 writes and prints
-    import os
-    import tempfile
-    with tempfile.TemporaryDirectory(prefix="fedjax-inv-p") as tmp, \
-        open(os.devnull, "w") as quiet:
-      run_experiment({**cfg, "out": tmp},
-                     progress=False, overrides=overrides, stream=quiet)
+  if not lead:  # every process computes; only process 0 writes and prints (the others
+    import os  # write their part of the checkpoints, in the shared --out)
+    with open(os.devnull, "w") as quiet:
+      run_experiment(cfg, progress=False, overrides=overrides, stream=quiet, write=False)
     return 0
   summary = run_experiment(cfg, progress=not args.no_progress, overrides=overrides)
   if summary.get("status") == "diverged":

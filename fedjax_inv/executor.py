@@ -248,7 +248,10 @@ def execute(pl, out, done, rec, progress, stream) -> None:
                 eval_every=pl.eval_every, progress=progress, reporting=pl.rep,
                 rounds_per_call=cfg.get("rounds_per_call") or 1,
                 shard=shard_of(cfg))
-  every = cfg.get("checkpoint_every") if out is not None else None
+  # Checkpoints live in the output folder; a process other than 0 of a multi-process run
+  # writes no output (out=None) but reads and writes the shared checkpoints there.
+  root = pl.checkpoint_root or out
+  every = cfg.get("checkpoint_every") if root is not None else None
 
   logs = getattr(pl, "loggers", None) or []
 
@@ -272,7 +275,7 @@ def execute(pl, out, done, rec, progress, stream) -> None:
         single(algo, key)
       return
     pl.ran_batched = True
-    bdir = batch_dir(out, folder, todo) if every else None
+    bdir = batch_dir(root, folder, todo) if every else None
     tasks = [task_for(pl, h, s) for _, s, h in todo] if _varies(pl) else None
     indexed = hparams is not None or tasks is not None  # callback gets the replica index
     keyed = dict(enumerate(todo)) if indexed else {k[1]: k for k in todo}
@@ -285,12 +288,12 @@ def execute(pl, out, done, rec, progress, stream) -> None:
       rec(key, res, rec.base(key, algo, replicas=f"batched x{len(todo)}"),
           run_dir(out, key) / "checkpoint" if out is not None else None,
           task_for(pl, key[2], key[1]).info)
-    if bdir is not None:
+    if bdir is not None and out is not None:
       shutil.rmtree(bdir.parent, ignore_errors=True)  # ours; the batch is over
 
   def single(algo, key):
     a, s, h = key
-    ckpt = run_dir(out, key) / "checkpoint" if out is not None else None
+    ckpt = run_dir(root, key) / "checkpoint" if root is not None else None
     task = task_for(pl, h, s)
     if not pl.batched and _varies(pl):  # one task in memory at a time
       for k in [k for k in pl.tasks if k != (h, s if pl.resplit else pl.split_seed)]:
@@ -302,7 +305,7 @@ def execute(pl, out, done, rec, progress, stream) -> None:
                            checkpoint_dir=ckpt if every else None, checkpoint_every=every)
     except simulation.DivergedError as e:
       res = e
-    rec(key, res, rec.base(key, algo), ckpt, task.info)
+    rec(key, res, rec.base(key, algo), ckpt if out is not None else None, task.info)
 
   for group in holdout_groups(pl, stream):
     for algo in pl.algos:

@@ -192,7 +192,7 @@ def check_hparams(name: str, values: dict, scoped: bool = False, flag: str = "--
 
 
 def run_experiment(cfg: dict, progress: bool = True, overrides=None,
-                   stream=None) -> dict:
+                   stream=None, write: bool = True) -> dict:
   """Runs every (algorithm, seed[, held-out domain]) of ``cfg`` and writes the results
   directory.
 
@@ -207,6 +207,10 @@ def run_experiment(cfg: dict, progress: bool = True, overrides=None,
   it) and ``validation`` (its training-domain validation: 'mean' | 'pooled').
   ``overrides``: algorithm hyperparameters set by the user (they win over the task's
   defaults; ``ALGORITHM.NAME`` keys apply to one algorithm, :func:`split_overrides`).
+  ``write=False``: a process other than 0 of a run over several processes (``fedjax-inv
+  run --coordinator``): it computes every run with process 0 but writes nothing, except
+  its part of the checkpoints in ``out``, a folder every process shares; with ``resume``
+  it reads the finished runs from there (every process must see the same ones).
 
   Three steps: :func:`plan_experiment` (every check, the runs; nothing written or
   compiled), :func:`open_output` (the folder, ``config.json``, the finished runs of a
@@ -228,7 +232,12 @@ def run_experiment(cfg: dict, progress: bool = True, overrides=None,
   stream = stream or sys.stdout
   from fedjax_inv import executor
   pl = plan_experiment(cfg, overrides)
+  if not write:
+    return _follow(pl, progress, stream)
   out, done = open_output(pl, stream)
+  from fedjax_inv.core import multihost
+  multihost.agree(len(done), f"the number of finished runs in {out}",  # with _follow's
+                  "give --out a folder on a file system every process shares")
   from fedjax_inv import loggers
   pl.loggers = loggers.make_loggers(cfg.get("log") or [], out)
   rec = executor.Recorder(pl, out, stream)
@@ -247,6 +256,27 @@ def run_experiment(cfg: dict, progress: bool = True, overrides=None,
   if rec.status == "interrupted":
     raise KeyboardInterrupt(str(out))
   return summary
+
+
+def _follow(pl, progress, stream) -> dict:
+  """:func:`run_experiment` with ``write=False``: the runs of ``pl`` not finished in
+  ``pl.out`` (read with ``--resume``), computed with the other processes; checkpoints in
+  ``pl.out``, nothing else written. Returns ``{'status': ...}``.
+
+  Raises:
+    ValueError: the processes see different finished runs in ``pl.out`` (not one shared
+      folder).
+  """
+  from fedjax_inv import executor
+  from fedjax_inv.core import multihost
+  keys = [(a, s, h) for a in pl.names for h in pl.holdouts for s in pl.seeds]
+  done = executor.load_finished(pl.out, keys) if pl.resume else {}
+  multihost.agree(len(done), f"the number of finished runs in {pl.out}",
+                  "give --out a folder on a file system every process shares")
+  pl.loggers, pl.checkpoint_root = [], pl.out
+  rec = executor.Recorder(pl, None, stream)
+  executor.execute(pl, None, done, rec, progress, stream)
+  return {"status": rec.status}
 
 
 def _sweep_points(cfg: dict, algos, per_algo: dict):
@@ -458,7 +488,8 @@ def plan_experiment(cfg: dict, overrides=None, *, task_kwargs=None, seeds=None,
           replicas == "batched" or (replicas == "auto" and jax.default_backend() != "cpu")),
       devices_used=(1 if mesh is None or cohort % mesh.devices.size
                     else int(mesh.devices.size)),
-      out=out, resume=resume, overwrite=bool(cfg.get("overwrite")), sweep_notes={},
+      out=out, checkpoint_root=None, resume=resume, overwrite=bool(cfg.get("overwrite")),
+      sweep_notes={},
       holdout_note=None, ran_batched=False)
 
 
@@ -476,21 +507,24 @@ def _cohort(cfg: dict, task, domains) -> int:
 
 
 def _check_multiprocess(cfg: dict) -> None:
-  """What a run over several processes (``--coordinator``) does not support yet.
+  """What a run over several processes (``--coordinator``) does not support yet, and
+  what its checkpoints need.
 
   Raises:
-    ValueError: ``--checkpoint-every``, ``--resume``, ``--execution probe``, ``--devices
-      N`` or ``--replicas batched`` (one line naming the flag).
+    ValueError: ``--execution probe``, ``--devices N`` or ``--replicas batched``, or
+      ``--checkpoint-every`` without ``--out`` (one line naming the flag).
   """
-  for key, bad in (("checkpoint_every", cfg.get("checkpoint_every")),
-                   ("resume", cfg.get("resume")),
-                   ("execution", cfg.get("execution") == "probe"),
+  for key, bad in (("execution", cfg.get("execution") == "probe"),
                    ("devices", cfg.get("devices") not in (None, "all")),
                    ("replicas", cfg.get("replicas") == "batched")):
     if bad:
       raise ValueError(f"--{key.replace('_', '-')}: not supported yet in a run over "
                        f"{jax.process_count()} processes (every device of every process "
-                       "is used; runs go one after another; no checkpoints); drop the flag.")
+                       "is used; runs go one after another); drop the flag.")
+  if cfg.get("checkpoint_every") and not (cfg.get("out") or cfg.get("resume")):
+    raise ValueError(f"--checkpoint-every over {jax.process_count()} processes needs "
+                     "--out FOLDER on a file system every process shares (the processes "
+                     "write one checkpoint there together).")
 
 
 def _check_seeds(seeds) -> list:

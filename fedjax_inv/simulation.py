@@ -524,7 +524,7 @@ class _Replicas:
 
   def meta(self, r: int, bad) -> dict:
     if not self.batched:  # the one-run format (history, bad, selected rule names)
-      return {"round": r, "history": self.histories[0], "bad": int(bad),
+      return {"round": r, "history": self.histories[0], "bad": int(self.flags(bad)[0]),
               "selected": list(self.selected_params[0])}
     return {"round": r, "histories": self.histories, "bad": [int(b) for b in self.flags(bad)],
             "selected": [list(s) for s in self.selected_params]}
@@ -601,18 +601,21 @@ def train_loop(p, round_fn, data, server, cstates, keys, *, tasks, algorithm, ba
   t0 = time.perf_counter()
   bad, start = reps.zero_flags(), 1
   multi = jax.process_count() > 1
-  if multi:  # several processes: every input a global array on the 'clients' mesh
-    if batched or checkpoint_dir is not None:
-      raise ValueError("several processes: batched replicas and checkpoints are not "
-                       "supported yet; run one after another, without checkpoints.")
-    data, server, cstates, keys, bad = _global_inputs(p.mesh, data, server, cstates,
-                                                      keys, bad)
+  if multi and batched:
+    raise ValueError("several processes: batched replicas are not supported yet; run "
+                     "one after another.")
   saving = bool(checkpoint_every) and checkpoint_dir is not None
-  if checkpoint_dir is not None:
+  if checkpoint_dir is not None:  # every process reads the same (shared) folder
     server, cstates, bad, start = reps.restore(checkpoint_dir, server, cstates)
+    if multi:
+      multihost.agree(start - 1, f"the newest checkpoint round in {checkpoint_dir}",
+                      "give --out a folder on a file system every process shares")
     for i, h in enumerate(reps.histories):
       for entry in h if callback is not None else ():
         callback(i, entry)
+  if multi:  # several processes: every input a global array on the 'clients' mesh
+    data, server, cstates, keys, bad = _global_inputs(p.mesh, data, server, cstates,
+                                                      keys, bad)
   stops = set(p.schedule) | (set(range(checkpoint_every, p.rounds + 1, checkpoint_every))
                              if saving else set())
   with progress_bar(progress, p.rounds, desc, initial=start - 1) as bar:
@@ -644,7 +647,9 @@ def train_loop(p, round_fn, data, server, cstates, keys, *, tasks, algorithm, ba
             reps.histories[i].append(entry)
             keep_selected(p.rep, reps.histories[i], params, reps.selected_params[i])
       if saving and r % checkpoint_every == 0 and r < p.rounds:
-        checkpoint.save_checkpoint(checkpoint_dir, reps.state(server, cstates),
+        state = reps.state(server, cstates)  # several processes: host copies, which
+        checkpoint.save_checkpoint(checkpoint_dir,  # orbax writes from process 0 only
+                                   multihost.to_host(state) if multi else state,
                                    reps.meta(r, bad))
       if r in p.schedule:
         for i in range(reps.S):

@@ -132,22 +132,41 @@ CLI = ["-m", "fedjax_inv.cli", "run", "--task", "synthetic_hospital", "--algorit
        "--no-progress"]
 
 
-def _cli(tmp, name, devices, extra, env_extra=None):
+# The CLI with checkpoint saves cut short: after saving round 2 of scaffold, every process
+# raises KeyboardInterrupt (as Ctrl-C would), so `--resume` has a half-done run to continue.
+CUT = textwrap.dedent("""
+    import sys
+    from fedjax_inv import checkpoint, cli
+    real = checkpoint.save_checkpoint
+    def save(path, state, meta):
+        real(path, state, meta)
+        if "scaffold" in str(path) and meta["round"] == 2:
+            raise KeyboardInterrupt
+    checkpoint.save_checkpoint = save
+    sys.exit(cli.main(sys.argv[1:]))
+""")
+
+
+def _cli(tmp, name, devices, extra, env_extra=None, cut=False, base=None):
   env = dict(os.environ)
   env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
   env["JAX_PLATFORMS"] = "cpu"
   env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
   env.update(env_extra or {})
   log = open(os.path.join(tmp, name + ".log"), "w")
-  return subprocess.Popen([sys.executable] + CLI + extra, env=env, cwd=ROOT, stdout=log,
-                          stderr=subprocess.STDOUT), log
+  argv = (CLI if base is None else base)[2:]
+  prog = ["-c", CUT] if cut else ["-m", "fedjax_inv.cli"]
+  return subprocess.Popen([sys.executable] + prog + argv + extra, env=env, cwd=ROOT,
+                          stdout=log, stderr=subprocess.STDOUT), log
 
 
-def _two_processes(tmp, out, extra=()):
+def _two_processes(tmp, out, extra=(), cut=False, base=None, tag="p"):
   from tests.test_multihost import _free_port
   coord = f"127.0.0.1:{_free_port()}"
-  procs = [_cli(tmp, f"p{i}", 1, ["--coordinator", coord, "--num-processes", "2",
-                                  "--process-id", str(i), "--out", str(out), *extra])
+  where = [] if out is None else ["--out", str(out)]
+  procs = [_cli(tmp, f"{tag}{i}", 1, ["--coordinator", coord, "--num-processes", "2",
+                                      "--process-id", str(i), *where, *extra],
+                cut=cut, base=base)
            for i in (1, 0)]  # process 1 first: it waits for the coordinator
   rcs = []
   for p, log in procs:
@@ -185,15 +204,42 @@ def test_two_processes_equal_one_process_with_two_devices(two_process_run):
 
 
 @pytest.mark.multiprocess
-def test_two_processes_refuse_checkpoints_with_one_line(tmp_path):
+def test_two_processes_checkpoint_and_resume_equal_the_uninterrupted_run(two_process_run):
+  """Both processes save every round into the shared --out; both stop after scaffold's
+  round-2 checkpoint (fedavg finished); `--resume` over two processes keeps fedavg and
+  continues scaffold from round 3: the finals equal the uninterrupted two-process run."""
+  tmp, rcs, _ = two_process_run
+  assert rcs == [0, 0]
+  out = tmp / "cut"
+  cut = _two_processes(tmp, out, ["--checkpoint-every", "1"], cut=True, tag="cut")
+  assert cut == [130, 130], (tmp / "cut0.log").read_text()[-2000:]
+  assert (out / "fedavg" / "seed0" / "summary.json").is_file()
+  ck = out / "scaffold" / "seed0" / "checkpoint"
+  assert sorted(p.name for p in ck.iterdir() if p.name.isdigit()) == ["2"]
+  rcs = _two_processes(tmp, None, ["--resume", str(out), "--no-progress"], base=CLI[:3],
+                       tag="res")
+  assert rcs == [0, 0], (tmp / "res0.log").read_text()[-2000:]
+  log = (tmp / "res0.log").read_text()
+  assert "fedavg" in log and "finished earlier (resumed), kept" in log
+  resumed = json.loads((out / "summary.json").read_text())
+  ref = json.loads((tmp / "mp" / "summary.json").read_text())
+  assert resumed["status"] == "ok"
+  _close(_finals(ref), _finals(resumed))
+  rows = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
+  assert sorted(r["round"] for r in rows if r["algorithm"] == "scaffold") == [1, 2, 3]
+  assert not ck.exists()  # removed by process 0 when the run ended
+
+
+@pytest.mark.multiprocess
+def test_two_processes_refuse_checkpoints_without_out_with_one_line(tmp_path):
   from tests.test_multihost import _gloo_missing
   if _gloo_missing():
     pytest.skip(_gloo_missing())
-  rcs = _two_processes(tmp_path, tmp_path / "ck", ["--checkpoint-every", "1"])
+  rcs = _two_processes(tmp_path, None, ["--checkpoint-every", "1"])
   assert rcs == [2, 2]
   last = (tmp_path / "p0.log").read_text().strip().splitlines()[-1]
-  assert "--checkpoint-every: not supported yet in a run over 2 processes" in last
-  assert not (tmp_path / "ck").exists()
+  assert "--checkpoint-every over 2 processes needs --out FOLDER" in last
+  assert not [p for p in tmp_path.iterdir() if p.is_dir()]
 
 
 @pytest.mark.multiprocess

@@ -221,3 +221,22 @@ def to_host(tree: PyTree) -> PyTree:
       return np.asarray(multihost_utils.process_allgather(a, tiled=True))
     return np.asarray(a)
   return jax.tree.map(one, tree)
+
+
+def agree(value: int, what: str, fix: str) -> None:
+  """Checks that every process holds the same integer ``value`` (one all-gather; nothing
+  to check in a single process), e.g. the round a resumed run continues from.
+
+  Raises:
+    ValueError: the processes differ; the message names ``what``, each process's value
+      and ``fix``.
+  """
+  if jax.process_count() == 1:
+    return
+  from jax.experimental import multihost_utils
+  every = np.asarray(multihost_utils.process_allgather(np.asarray([int(value)], np.int64)))
+  every = every.ravel().tolist()
+  if len(set(every)) > 1:
+    seen = ", ".join(f"process {i}: {v}" for i, v in enumerate(every))
+    raise ValueError(f"{what} differs between processes ({seen}); {fix}.")
+
