@@ -6,6 +6,11 @@ selected models, histories, divergence flags) is the loop's business. A step is 
 to a temporary folder and renamed when complete (orbax), so a kill during a save leaves
 the previous checkpoint intact, and resuming from it is bit-identical
 (``tests/test_resume.py``).
+
+In a run over several processes (``fedjax-inv run --coordinator``) every process calls
+these functions on the same folder, which must be on a shared file system. The training
+loop passes host (numpy) copies of the state, which orbax writes from process 0 only, and
+each save ends at orbax's barrier over the processes (``tests/test_devices.py``).
 """
 from __future__ import annotations
 
