@@ -239,4 +239,3 @@ def agree(value: int, what: str, fix: str) -> None:
   if len(set(every)) > 1:
     seen = ", ".join(f"process {i}: {v}" for i, v in enumerate(every))
     raise ValueError(f"{what} differs between processes ({seen}); {fix}.")
-
