@@ -235,9 +235,6 @@ def run_experiment(cfg: dict, progress: bool = True, overrides=None,
   if not write:
     return _follow(pl, progress, stream)
   out, done = open_output(pl, stream)
-  from fedjax_inv.core import multihost
-  multihost.agree(len(done), f"the number of finished runs in {out}",  # with _follow's
-                  "give --out a folder on a file system every process shares")
   from fedjax_inv import loggers
   pl.loggers = loggers.make_loggers(cfg.get("log") or [], out)
   rec = executor.Recorder(pl, out, stream)
@@ -268,15 +265,29 @@ def _follow(pl, progress, stream) -> dict:
       folder).
   """
   from fedjax_inv import executor
-  from fedjax_inv.core import multihost
-  keys = [(a, s, h) for a in pl.names for h in pl.holdouts for s in pl.seeds]
-  done = executor.load_finished(pl.out, keys) if pl.resume else {}
-  multihost.agree(len(done), f"the number of finished runs in {pl.out}",
-                  "give --out a folder on a file system every process shares")
+  done = _finished(pl, pl.out)
   pl.loggers, pl.checkpoint_root = [], pl.out
   rec = executor.Recorder(pl, None, stream)
   executor.execute(pl, None, done, rec, progress, stream)
   return {"status": rec.status}
+
+
+def _finished(pl, folder) -> dict:
+  """The runs of ``pl`` a resumed attempt finished in ``folder`` (``{}`` without
+  ``--resume``; ``executor.load_finished``). Over several processes every process calls
+  this (process 0 from :func:`open_output`, the others from :func:`_follow`) and they
+  check with one all-gather that they found the same number.
+
+  Raises:
+    ValueError: the processes found different numbers (``folder`` is not shared).
+  """
+  from fedjax_inv import executor
+  from fedjax_inv.core import multihost
+  done = executor.load_finished(folder, [(a, s, h) for a in pl.names for h in pl.holdouts
+                                         for s in pl.seeds]) if pl.resume else {}
+  multihost.agree(len(done), f"the number of finished runs in {folder}",
+                  "give --out a folder on a file system every process shares")
+  return done
 
 
 def _sweep_points(cfg: dict, algos, per_algo: dict):
@@ -588,8 +599,7 @@ def open_output(pl, stream):
   (out / outputs.MARKER).write_text("written by fedjax-inv\n")
   outputs.write_json(out / "config.json", pl.resolved)
   from fedjax_inv import executor
-  done = executor.load_finished(out, [(a, s, h) for a in pl.names for h in pl.holdouts
-                                      for s in pl.seeds]) if pl.resume else {}
+  done = _finished(pl, out)
   outputs.write_jsonl(out / "metrics.jsonl", [
       executor.metrics_row(k, e) for k, r in done.items() for e in r["history"]])
   task = pl.task
