@@ -207,7 +207,7 @@ def complete(data) -> bool:
 
 def summary() -> str:
   from fedjax_inv import tuning
-  lines = ["| paper (folder) | task, metric | paper | ours, starting values (trial 0) | "
+  lines = ["| paper (folder) | task, metric | paper | ours, starting values | "
            "ours, selected on validation | budget per method |", "|---|---|---|---|---|---|"]
   for row, what, metric, title, algos, scale, digits in SUMMARY:
     d = row_dir(row)
@@ -292,13 +292,13 @@ def render(view: str) -> str:
   if "per_seed" in kw:
     variants = kw.get("variants", ("starting", "report"))
     title = {"report": "Selected on validation:\n\n",
-             "starting": "Starting values (trial 0):\n\n"}
+             "starting": "Starting values:\n\n"}
     return "\n\n".join((title[v] if len(variants) > 1 else "") + tuning.per_seed_table(
         data, kw["per_seed"], kw.get("digits", 3), kw.get("scale", 1.0), variant=v)
         for v in variants)
   p = data["protocol"]
   n = p["protocol"]["trials"]
-  budget = (f"budget **{n} trials per method** (trial 0 = starting values), tuning seed(s) "
+  budget = (f"budget **{n} trials per method** (the first: the starting values), tuning seed(s) "
             f"{p['protocol']['tuning_seeds']}, selection: {p['selection']}" if n > 1 else
             "budget **1 trial per method** (the starting values; nothing tuned or selected)")
   head = (f"Task `{p['task']}`, {p['rounds']} rounds; {budget}; report seeds "
@@ -313,7 +313,7 @@ BLOCK = re.compile(r"(<!-- fair:(\w+) -->\n)(.*?)(<!-- /fair -->)", re.S)
 def tables(check: bool) -> int:
   bad = 0
   readmes = sorted(set(HERE.glob("*/README.md")) | {HERE / "colored_mnist_invariance.md",
-                                                     HERE.parent / "README.md"})
+                                                     HERE.parent / "docs" / "reproductions.md"})
   for path in readmes:
     text = path.read_text()
     new = BLOCK.sub(lambda m: m.group(1) + render(m.group(2)) + "\n" + m.group(4), text)

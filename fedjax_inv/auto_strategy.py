@@ -1,4 +1,4 @@
-"""``execution='auto'`` chosen by measurement, with a cache (issue 23, item 2).
+"""``execution='auto'`` chosen by measurement, with a cache.
 
 The engine's fixed rule (``core.engine.resolve_strategy``: ``scan`` on one CPU device,
 else ``vmap``, ``chunked`` when the memory estimate says so) is wrong in measured cases

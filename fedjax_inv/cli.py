@@ -17,23 +17,29 @@ import logging
 import pathlib
 import sys
 
+from fedjax_inv import config as _config
 from fedjax_inv.config import (DEFAULT_ALGORITHM, DEFAULT_RUN, RUN_KEYS,  # noqa: F401
                                algorithm_overrides, check_run_config, flag as _flag,
                                load_config)
 
 
 def _run_parser(sub):
+  """Adds ``fedjax-inv run`` to the subparsers ``sub``: one flag per ``RUN_KEYS`` key,
+  its help with the names its registry holds now (``config.help_text``), and the
+  multi-process flags. Returns the parser; raises nothing."""
   p = sub.add_parser("run", help="train and evaluate; writes runs/<name>/")
   p.add_argument("--config", help="JSON or YAML file with any of the flags below")
-  for key, (typ, help_) in RUN_KEYS.items():
+  for key, (typ, _) in RUN_KEYS.items():
     flag = "--" + key.replace("_", "-")
+    help_ = _config.help_text(key).replace("%", "%%")  # argparse %-formats helps
     if typ is bool:
       p.add_argument(flag, action="store_true", default=None, help=help_)
     elif typ is list:
       p.add_argument(flag, action="append", default=None, metavar="NAME=VALUE", help=help_)
     else:  # strings: check_run_config converts and range-checks with one-line messages
       p.add_argument(flag, type=str, default=None, help=help_)
-  p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+  p.add_argument("--no-progress", action="store_true", help="no progress output: neither the "
+                 "bar in a terminal nor the per-round lines in a log")
   d = p.add_argument_group("several processes (one per host or GPU; docs/multihost.md)")
   d.add_argument("--coordinator", default=None, metavar="HOST:PORT",
                  help="process 0's address, or 'auto' (SLURM, Open MPI, TPU pods: JAX "
@@ -47,14 +53,16 @@ def _run_parser(sub):
 def resolve_run_config(args) -> dict:
   """The run's settings: ``--config`` file, then flags, over the defaults.
 
-  Defaults (issue 12): a bare ``fedjax-inv run`` is the ``DEFAULT_RUN`` comparison
+  Defaults: a bare ``fedjax-inv run`` is the ``DEFAULT_RUN`` comparison
   (4 algorithms × 3 seeds on ColoredMNIST). As soon as the user names a task or an
   algorithm (flag or config key), the comparison is off: the algorithm defaults to
   ``DEFAULT_ALGORITHM`` (fedavg), the task to ColoredMNIST and the seeds to 1.
   ``cfg['_defaulted']`` lists, for printing, which of these were filled in.
 
   Raises:
-    ValueError: a bad or unknown config file (``load_config``).
+    ValueError: a bad or unknown config file (``load_config``), a bad value
+      (``check_run_config``), or a name no registry holds (``config.check_names``: the
+      flag, the value and the closest registered name).
   """
   user = {}
   if getattr(args, "resume", None):
@@ -80,6 +88,7 @@ def resolve_run_config(args) -> dict:
   else:
     base = dict(task=DEFAULT_RUN["task"], algorithm=DEFAULT_ALGORITHM, seeds=1)
   cfg = check_run_config({**base, **user})
+  _config.check_names(cfg)
   cfg["_defaulted"] = {k: base[k] for k in ("task", "algorithm", "seeds")
                        if k not in user}
   cfg["_bare"] = bare
@@ -230,6 +239,9 @@ def cmd_run(args) -> int:
 
 
 def cmd_list(args) -> int:
+  """``fedjax-inv list``: every registered task and algorithm with its paper, then the
+  names ``--aggregator``, ``--attack`` and ``--execution`` accept (``config.choices``).
+  ``args`` is unused; returns 0 and raises nothing."""
   from fedjax_inv.algorithms import registry
   from fedjax_inv.tasks import task_registry
   print("Tasks:")
@@ -238,16 +250,24 @@ def cmd_list(args) -> int:
   print("\nAlgorithms:")
   for name, e in sorted(registry().items()):
     print(f"  {name:24s} {e.summary}  [{e.paper}]")
-  print("\nExecution strategies: auto, vmap, scan, chunked (and loop, the benchmark "
-        "baseline)")
+  print("\nAggregators (--aggregator): " + ", ".join(_config.choices("aggregator")))
+  print("Attacks (--attack): " + ", ".join(_config.choices("attack")))
+  print("Execution strategies (--execution): " + ", ".join(_config.choices("execution"))
+        + " (and loop, the benchmark baseline)")
   return 0
 
 
 def cmd_hparams(args) -> int:
   """``fedjax-inv hparams ALGORITHM [--task T]``: the registry's view of one algorithm
   (``algorithms/hparams.py``): resolved defaults, the task's values (its paper's, when the
-  task sets them), and the search space of ``run --search``."""
+  task sets them), and the search space of ``run --search``.
+
+  Raises:
+    ValueError: an unregistered algorithm or task (the closest registered name)."""
   from fedjax_inv.algorithms import hparams as hp
+  _check_registered("hparams", "algorithm", args.algorithm)
+  if args.task:
+    _check_registered("--task", "task", args.task)
   defaults = hp.defaults(args.algorithm)
   print(f"{args.algorithm}: defaults (the factory's, resolved)")
   for k, v in defaults.items():
@@ -265,9 +285,25 @@ def cmd_hparams(args) -> int:
   return 0
 
 
+def _check_registered(where: str, key: str, value: str) -> None:
+  """Raises ``config.unknown_name``'s ValueError (the flag ``where``, the value, the
+  closest registered name) when ``value`` is not among ``config.choices(key)``."""
+  if value not in _config.choices(key):
+    raise _config.unknown_name(where, value, _config.NOUNS[key], _config.choices(key))
+
+
 def cmd_tune(args) -> int:
-  """``fedjax-inv tune``: :func:`fedjax_inv.tuning.tune_row`, then the markdown table."""
+  """``fedjax-inv tune``: :func:`fedjax_inv.tuning.tune_row`, then the markdown table.
+
+  Raises:
+    ValueError: an unregistered task, algorithm or ``--hp`` name (the flag, the value and
+      the closest registered name), a malformed ``--hp`` or seed list, or whatever
+      ``tune_row`` refuses."""
   from fedjax_inv import tuning
+  _check_registered("--task", "task", args.task)
+  for a in str(args.algorithm).split(","):
+    if a.strip():
+      _check_registered("--algorithm", "algorithm", a.strip())
 
   def ints(flag, text):
     try:
@@ -278,6 +314,7 @@ def cmd_tune(args) -> int:
   for item in args.hp:
     if "=" not in item:
       raise ValueError(f"--hp {item!r}: use [ALGORITHM.]NAME=VALUE.")
+    _config.check_names({"hp": [item]})  # a registered NAME (with a suggestion)
     name, value = item.split("=", 1)
     scope, _, name = name.rpartition(".")
     try:
@@ -339,14 +376,19 @@ def main(argv=None) -> int:
   sub.add_parser("list", help="list tasks and algorithms")
   hp = sub.add_parser("hparams", help="an algorithm's defaults, a task's values and the "
                       "search space of run --search")
-  hp.add_argument("algorithm", help="registered algorithm name (fedjax-inv list)")
-  hp.add_argument("--task", help="also show this task's values for the algorithm")
+  hp.add_argument("algorithm", help="registered algorithm name (fedjax-inv list): "
+                  + ", ".join(_config.choices("algorithm")))
+  hp.add_argument("--task", help="also show this task's values for the algorithm: "
+                  + ", ".join(_config.choices("task")))
   tu = sub.add_parser("tune", help="equal-budget random search per algorithm, selected on "
                       "validation, then the report seeds (fedjax_inv/tuning.py)")
-  tu.add_argument("--task", required=True, help="task name (fedjax-inv list)")
-  tu.add_argument("--algorithm", required=True, help="comma-separated algorithm names")
-  tu.add_argument("--trials", type=int, default=8, help="trials per algorithm (trial 0 = "
-                  "its starting values; default 8)")
+  tu.add_argument("--task", required=True, help="task name (fedjax-inv list): "
+                  + ", ".join(_config.choices("task")))
+  tu.add_argument("--algorithm", required=True, help="comma-separated algorithm names: "
+                  + ", ".join(_config.choices("algorithm")))
+  tu.add_argument("--trials", type=int, default=8, help="trials per algorithm: the first "
+                  "at its starting values (the task's / paper's settings), the others "
+                  "drawn from its search space; default 8")
   tu.add_argument("--rounds", type=int, required=True)
   tu.add_argument("--tuning-seeds", default="100", help="comma-separated (default 100)")
   tu.add_argument("--seeds", default="0,1,2", help="report seeds, disjoint from the "
@@ -355,7 +397,8 @@ def main(argv=None) -> int:
   tu.add_argument("--val-fraction", type=float, default=0.1)
   tu.add_argument("--eval-every", type=int, default=None)
   tu.add_argument("--hp", action="append", default=[], metavar="[ALGORITHM.]NAME=VALUE",
-                  help="a value fixed for every trial (not searched)")
+                  help="a value fixed for every trial (not searched); NAME as for "
+                  "`fedjax-inv run --sweep`")
   tu.add_argument("--out", required=True, help="the row folder (new, empty, or resumed)")
   try:  # the thin entry point of the harness in benchmarks/ (fedjax_inv.benchmarks)
     _harness().add_parser(sub)
@@ -364,6 +407,11 @@ def main(argv=None) -> int:
                              "import)")
     missing.set_defaults(func=lambda args, e=e: _no_bench(e))
   args = parser.parse_args(argv)
+  if argv is None and not sys.stdout.isatty():  # a log file: results as they happen,
+    try:  # in order with the progress lines on stderr
+      sys.stdout.reconfigure(line_buffering=True)
+    except (AttributeError, ValueError):  # a replaced stdout without reconfigure
+      pass
   logging.basicConfig(level=logging.WARNING, format="%(message)s")
   if args.command is None:
     parser.print_help()

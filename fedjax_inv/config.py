@@ -10,20 +10,24 @@ from __future__ import annotations
 import json
 import pathlib
 
-# The comparison a researcher wants first (issue 3): FedAvg vs the invariance methods on
+# The comparison a researcher wants first: FedAvg vs the invariance methods on
 # ColoredMNIST (IRM protocol), 3 seeds. Only a bare `fedjax-inv run` (no task and no
-# algorithm from flags or config) runs it (issue 12): `--algorithm a,b` runs those on
-# ColoredMNIST, `--task T` alone runs DEFAULT_ALGORITHM on T; both with 1 seed unless
-# `--seeds` says otherwise.
+# algorithm from flags or config) runs it: `--algorithm a,b` runs those on ColoredMNIST,
+# `--task T` alone runs DEFAULT_ALGORITHM on T; both with 1 seed unless `--seeds` says
+# otherwise.
 DEFAULT_RUN = dict(task="colored_mnist", algorithm="fedavg,inv_fedavg,fediir,fishr_inter_geo",
                    seeds=3)
 DEFAULT_ALGORITHM = "fedavg"
 
-RUN_KEYS = {  # config key -> (type, help); every help states the default
-    "task": (str, "task name (fedjax-inv list); default colored_mnist"),
-    "algorithm": (str, "algorithm name, or a comma-separated list to compare; default "
-                       "fedavg (a bare `fedjax-inv run` compares " + DEFAULT_RUN["algorithm"]
-                  + ")"),
+# config key -> (type, help); every help states the default. A {token} in a help
+# (``_HELP_LISTS``: {algorithms}, {tasks}, ...) is replaced by the names its registry
+# holds when the parser is built (:func:`help_text`), never copied here by hand.
+RUN_KEYS = {
+    "task": (str, "task name (fedjax-inv list describes them): {tasks}; default "
+                  "colored_mnist"),
+    "algorithm": (str, "algorithm name, or a comma-separated list to compare: "
+                       "{algorithms}; default fedavg (a bare `fedjax-inv run` compares "
+                       + DEFAULT_RUN["algorithm"] + ")"),
     "rounds": (int, "communication rounds >= 1; default: the task's"),
     "clients_per_round": (int, "clients sampled per round, 1..#clients; default: all"),
     "local_steps": (int, "local optimizer steps per round >= 1; default: the task's"),
@@ -35,12 +39,19 @@ RUN_KEYS = {  # config key -> (type, help); every help states the default
                         "default: the task's"),
     "lr": (float, "client learning rate > 0; default: the task's"),
     "server_lr": (float, "server learning rate > 0; default: the algorithm's"),
-    "client_optimizer": (str, "sgd | momentum | adam; default: the task's"),
-    "aggregator": (str, "mean | geometric | gma | and_mask; default: the algorithm's"),
+    "client_optimizer": (str, "{client_optimizers}; default: the task's"),
+    "aggregator": (str, "server aggregation rule: {aggregators}; or a robust one, NAME "
+                        "or NAME:k=v (e.g. krum:f=2, trimmed_mean:beta=0.1): "
+                        "{robust_aggregators}; default: the algorithm's"),
     "tau": (float, "sign-agreement threshold in [0, 1] for gma / and_mask; default 0.4"),
-    "seed": (int, "first seed >= 0; default 0"),
-    "seeds": (int, "number of seeds (seed, seed+1, ...) >= 1; default 1 (3 for the bare "
-                   "comparison)"),
+    "seed": (int, "first seed S >= 0: the task's data (its generation, client split "
+                  "and validation split) is drawn once from S; each run's training "
+                  "(model init, client sampling, minibatches, attackers) from its own "
+                  "seed; default 0"),
+    "seeds": (int, "number of seeds N >= 1: runs seeds S..S+N-1 (S = --seed) on data "
+                   "generated once from the first seed S, so seed S+1 of --seeds 2 is "
+                   "not the run of --seed S+1 (whose data comes from S+1); default 1 (3 "
+                   "for the bare comparison)"),
     "execution": (str, "auto (the strategy measured fastest for this round on this "
                        "device: cached, or measured for runs of >= 50 rounds, else the "
                        "fixed rule) | rule (the fixed rule, no measurement) | probe "
@@ -78,12 +89,14 @@ RUN_KEYS = {  # config key -> (type, help); every help states the default
                     "default auto"),
     "download": (bool, "download missing raw data (opt-in; short timeout); default off"),
     "hp": (list, "algorithm hyperparameter NAME=VALUE, or ALGORITHM.NAME=VALUE for one "
-                 "algorithm only (repeatable), e.g. mu=0.1, fedprox.mu=0.1; default none"),
-    "sweep": (list, "hyperparameter grid NAME=V1,V2 or ALGORITHM.NAME=V1,V2 (repeatable; "
-                    "lr = client_lr): every point of the product × every seed, each a "
-                    "row of the table; batched as one program when the names can be "
-                    "traced (client_lr, server_lr, mu, fishr_lambda, gamma, tau) and "
-                    "--replicas allows; default none"),
+                 "algorithm only (repeatable), e.g. mu=0.1, fedprox.mu=0.1; NAME as for "
+                 "--sweep (fedjax-inv hparams ALGORITHM shows an algorithm's own); "
+                 "default none"),
+    "sweep": (list, "hyperparameter grid NAME=V1,V2 or ALGORITHM.NAME=V1,V2 (repeatable): "
+                    "every point of the product × every seed, each a row of the table. "
+                    "NAME (lr = client_lr): {hparams}. The points run batched as one "
+                    "program when every name is traced ({traced}) and --replicas "
+                    "allows; default none"),
     "search": (int, "random hyperparameter search: N points per algorithm drawn from its "
                     "search space (fedjax-inv hparams ALGORITHM; DomainBed-style), each × "
                     "every seed a row of the table; names fixed with --hp are kept; not "
@@ -123,9 +136,8 @@ RUN_KEYS = {  # config key -> (type, help); every help states the default
     "client_sampling": (str, "fixed (exactly --clients-per-round clients) | poisson (each "
                              "client independently with probability C/N, the DP "
                              "accountants' assumption); default fixed"),
-    "attack": (str, "malicious clients (issue 26): sign_flip | scale | gaussian | "
-                    "label_flip | alie | ipm, by --attack-fraction of the pool (drawn from "
-                    "the seed); default none"),
+    "attack": (str, "malicious clients: {attacks}, by --attack-fraction of the pool "
+                    "(drawn from the seed); default none"),
     "attack_fraction": (float, "fraction of the pool that attacks, in [0, 1); default 0.1 "
                                "with --attack"),
     "attack_scale": (float, "the scale attack's factor lambda; default: the cohort size "
@@ -156,7 +168,7 @@ _CHECKS = {
     "lr": ("hparam", None), "server_lr": ("hparam", None), "tau": ("hparam", None),
     "local_steps": ("hparam", None), "local_epochs": ("hparam", None),
     "client_optimizer": ("hparam", None),
-    "execution": ("choice", ("auto", "rule", "vmap", "scan", "chunked", "probe")),
+    "execution": ("choice", None),  # None: read when checked (choices(key))
     "devices": ("devices", None), "log": ("loggers", None),
     "replicas": ("choice", ("auto", "batched", "sequential")),
     "source": ("choice", ("auto", "raw", "tfds", "bundled", "synthetic")),
@@ -169,10 +181,10 @@ _CHECKS = {
     "dp_sgd_delta": ("float", None),
     "dp_accountant": ("choice", ("rdp", "pld")),
     "client_sampling": ("choice", ("fixed", "poisson")),
-    "attack": ("choice", ("sign_flip", "scale", "gaussian", "label_flip", "alie", "ipm")),
+    "attack": ("choice", None),  # fedjax_inv.core.adversary.ATTACKS
     "attack_fraction": ("float", None), "attack_scale": ("float", None),
     "bucketing": ("int", 1), "availability": ("float", None), "dropout": ("float", None),
-    "stragglers": ("float", None), "straggler_mode": ("choice", ("keep", "drop")),
+    "stragglers": ("float", None), "straggler_mode": ("choice", None),
 }
 DP_KEYS = ("dp_clip", "dp_noise_multiplier", "dp_target_epsilon", "dp_delta",
            "dp_accountant", "dp_adaptive_quantile")
@@ -181,6 +193,203 @@ DP_KEYS = ("dp_clip", "dp_noise_multiplier", "dp_target_epsilon", "dp_delta",
 def flag(key: str) -> str:
   """``'rounds_per_call'`` -> ``'--rounds-per-call'``."""
   return "--" + key.replace("_", "-")
+
+
+# What an error message calls the value of a flag with a fixed set of choices.
+NOUNS = {"algorithm": "algorithm", "task": "task", "aggregator": "aggregator",
+         "attack": "attack", "hp": "hyperparameter", "sweep": "hyperparameter",
+         "execution": "execution strategy", "replicas": "replica mode",
+         "source": "data source", "reporting": "reporting mode",
+         "validation": "validation rule", "dp_accountant": "DP accountant",
+         "client_sampling": "client sampling", "straggler_mode": "straggler mode",
+         "client_optimizer": "client optimizer"}
+
+
+def hparam_names() -> tuple:
+  """The hyperparameter names ``--hp`` and ``--sweep`` accept, sorted: every name of the
+  schema (``fedjax_inv.algorithms.schema.SCHEMA``) that a flag can set (not the
+  Python-API-only ones, kind ``'any'``, e.g. ``lambda_schedule``) and the aliases
+  (``lr``). Read when called, so a name added to the schema is listed. Raises nothing."""
+  from fedjax_inv.algorithms import schema
+  return tuple(sorted({n for n, p in schema.SCHEMA.items() if p.kind != "any"}
+                      | set(schema.ALIASES)))
+
+
+def choices(key: str) -> tuple:
+  """The values the run setting ``key`` accepts, read from its registry when called
+  (never a copy): ``algorithm`` (``fedjax_inv.algorithms.registry``), ``task``
+  (``fedjax_inv.tasks.task_registry``), ``aggregator`` (``algorithms.base.AGGREGATORS``
+  and ``robust.ROBUST``), ``attack`` / ``straggler_mode``
+  (``core.adversary.ATTACKS`` / ``STRAGGLER_MODES``), ``execution`` (the engine's
+  ``core.strategy.STRATEGIES``, ``rule`` and ``probe``), ``client_optimizer``
+  (``algorithms.schema.CLIENT_OPTIMIZERS``), ``hp`` / ``sweep`` (:func:`hparam_names`),
+  or a fixed choice of ``_CHECKS``. Registries are sorted; fixed choices keep their order.
+
+  Args:
+    key: a ``RUN_KEYS`` key.
+
+  Raises:
+    KeyError: ``key`` has no fixed set of values.
+  """
+  if key == "algorithm":
+    from fedjax_inv.algorithms import registry
+    return tuple(sorted(registry()))
+  if key == "task":
+    from fedjax_inv.tasks import task_registry
+    return tuple(sorted(task_registry()))
+  if key == "aggregator":
+    from fedjax_inv import robust
+    from fedjax_inv.algorithms import base
+    return tuple(sorted(base.AGGREGATORS)) + tuple(sorted(robust.ROBUST))
+  if key in ("attack", "straggler_mode"):
+    from fedjax_inv.core import adversary
+    return tuple(sorted(adversary.ATTACKS)) if key == "attack" else \
+        tuple(adversary.STRAGGLER_MODES)
+  if key == "execution":
+    from fedjax_inv.core import strategy
+    return tuple(strategy.STRATEGIES) + ("rule", "probe")
+  if key == "client_optimizer":
+    from fedjax_inv.algorithms import schema
+    return tuple(schema.CLIENT_OPTIMIZERS)
+  if key in ("hp", "sweep"):
+    return hparam_names()
+  kind, arg = _CHECKS.get(key, (None, None))
+  if kind != "choice" or not arg:
+    raise KeyError(f"{key!r} has no fixed set of values")
+  return tuple(arg)
+
+
+def unknown_name(where: str, value, what: str, names) -> ValueError:
+  """The one-line error for a name that is not among ``names``, with the closest one
+  (``difflib``) as a suggestion, or every name when none is close:
+  ``"--algorithm fedavgg: unknown algorithm; did you mean fedavg?"``.
+
+  Args:
+    where: the flag the value came from (``'--algorithm'``, ``'--hp'``; one ending in
+      ``=``, ``'--hp aggregator='``, is followed by the value without a space).
+    value: the name given.
+    what: what a name is (``'algorithm'``).
+    names: the accepted names.
+
+  Returns:
+    the ValueError (the caller raises it). Raises nothing itself.
+  """
+  import difflib
+  names = [str(n) for n in names]
+  close = difflib.get_close_matches(str(value), names, n=1, cutoff=0.6)
+  hint = f"did you mean {close[0]}?" if close else f"choose one of {', '.join(names)}."
+  sep = "" if where.endswith("=") else " "  # '--hp aggregator=krumm'
+  return ValueError(f"{where}{sep}{value}: unknown {what}; {hint}")
+
+
+def _aggregator_help() -> tuple:
+  """``(base names, robust names)``, each sorted and comma-joined (``--aggregator``)."""
+  from fedjax_inv import robust
+  from fedjax_inv.algorithms import base
+  return ", ".join(sorted(base.AGGREGATORS)), ", ".join(sorted(robust.ROBUST))
+
+
+def _traced_help() -> str:
+  """The schema's traced names (``schema.traced_names``), sorted and comma-joined."""
+  from fedjax_inv.algorithms import schema
+  return ", ".join(sorted(schema.traced_names()))
+
+
+# {token} of a RUN_KEYS help -> the names it stands for, read when the parser is built.
+_HELP_LISTS = {
+    "algorithms": lambda: ", ".join(choices("algorithm")),
+    "tasks": lambda: ", ".join(choices("task")),
+    "aggregators": lambda: _aggregator_help()[0],
+    "robust_aggregators": lambda: _aggregator_help()[1],
+    "attacks": lambda: ", ".join(choices("attack")),
+    "client_optimizers": lambda: " | ".join(choices("client_optimizer")),
+    "hparams": lambda: ", ".join(hparam_names()),
+    "traced": _traced_help,
+}
+
+
+def help_text(key: str) -> str:
+  """The ``--help`` text of ``RUN_KEYS[key]`` with every ``{token}`` of ``_HELP_LISTS``
+  replaced by the names its registry holds now (so the help lists what is registered
+  when the parser is built). Raises KeyError for a key not in ``RUN_KEYS``."""
+  text = RUN_KEYS[key][1]
+  for token, names in _HELP_LISTS.items():
+    if "{" + token + "}" in text:
+      text = text.replace("{" + token + "}", names())
+  return text
+
+
+def check_aggregator(spec, where: str = "--aggregator") -> None:
+  """Checks an aggregator name (``mean``, ``krum``, ...) against the registered ones, and
+  a robust one's ``NAME:k=v`` arguments (``fedjax_inv.robust.parse``), before anything
+  is built.
+
+  Args:
+    spec: the value (``'krum:f=2'``); a non-string is left to the algorithm's factory.
+    where: the flag it came from, for the message.
+
+  Raises:
+    ValueError: an unknown name (:func:`unknown_name`, with a suggestion) or a bad
+      robust argument (``robust.parse``'s message).
+  """
+  if not isinstance(spec, str):
+    return
+  name = spec.partition(":")[0].strip()
+  if name not in choices("aggregator"):
+    raise unknown_name(where, spec, NOUNS["aggregator"], choices("aggregator"))
+  from fedjax_inv import robust
+  if name in robust.ROBUST:
+    robust.parse(spec)
+  elif ":" in spec:
+    sep = "" if where.endswith("=") else " "
+    raise ValueError(f"{where}{sep}{spec}: {name} takes no NAME:k=v arguments (only the "
+                     f"robust aggregators do: {', '.join(sorted(robust.ROBUST))}).")
+
+
+def _hparam_name(where: str, item: str) -> tuple:
+  """``(scope or None, name, value text)`` of ``[ALGORITHM.]NAME=VALUE`` (``item``), the
+  name checked against :func:`hparam_names`. Raises ValueError naming ``where``."""
+  from fedjax_inv.algorithms import schema
+  name, _, value = str(item).partition("=")
+  scope, _, name = name.strip().rpartition(".")
+  name = name.strip()
+  if name not in hparam_names():
+    p = schema.SCHEMA.get(name)
+    if p is not None and p.kind == "any":
+      raise ValueError(f"{where} {name}: set from the Python API only "
+                       f"(make_algorithm(..., {name}=...)), not from a flag.")
+    raise unknown_name(where, name, NOUNS["hp"], hparam_names())
+  return scope.strip() or None, schema.canonical(name), value.strip()
+
+
+def check_names(cfg: dict) -> None:
+  """Checks every name a run's settings pick from a registry (``fedjax-inv run``: flags
+  and config file): ``--task``, each ``--algorithm``, ``--aggregator`` (and an
+  ``--hp aggregator=...``), ``--attack``, the NAME of every ``--hp`` and ``--sweep``
+  item, before anything is loaded, built or printed. Call it after
+  :func:`check_run_config` (it assumes the types that one checked).
+
+  Args:
+    cfg: the checked run config.
+
+  Raises:
+    ValueError: one line naming the flag and the value, with the closest registered name
+      (``"--algorithm fedavgg: unknown algorithm; did you mean fedavg?"``) or the list.
+  """
+  if cfg.get("task") is not None and cfg["task"] not in choices("task"):
+    raise unknown_name("--task", cfg["task"], NOUNS["task"], choices("task"))
+  for a in str(cfg.get("algorithm") or "").split(","):
+    if a.strip() and a.strip() not in choices("algorithm"):
+      raise unknown_name("--algorithm", a.strip(), NOUNS["algorithm"],
+                         choices("algorithm"))
+  if cfg.get("aggregator") is not None:
+    check_aggregator(cfg["aggregator"])
+  for key in ("hp", "sweep"):
+    for item in cfg.get(key) or []:
+      scope, name, value = _hparam_name(flag(key), item)
+      if key == "hp" and name == "aggregator":
+        check_aggregator(_parse_value(value),
+                         f"--hp {scope + '.' if scope else ''}aggregator=")
 
 
 def check_devices(v, where: str = "--devices"):
@@ -346,10 +555,8 @@ def check_run_config(cfg: dict) -> dict:
       v = str(v).strip()
       if not v and key not in ("select",):
         raise ValueError(f"{f} {v!r}: must not be empty.")
-      if kind == "choice" and v.lower() not in arg:
-        if key == "execution":  # the engine's own wording
-          raise ValueError(f"execution={v!r}; choose one of {list(arg)}.")
-        raise ValueError(f"{f} {v!r}: choose one of {', '.join(arg)}.")
+      if kind == "choice" and v.lower() not in [c.lower() for c in choices(key)]:
+        raise unknown_name(f, v, NOUNS.get(key, "value"), choices(key))
     out[key] = v
   if "algorithm" in out and out["algorithm"] is not None:
     names = [a.strip() for a in str(out["algorithm"]).split(",")]
@@ -438,7 +645,7 @@ def load_config(path: str) -> dict:
   if not isinstance(cfg, dict):
     raise ValueError(f"--config {path}: the top level must be a mapping of flag names.")
   if isinstance(cfg.get("config"), dict) and "provenance" in cfg:
-    # a run's summary.json: its resolved config reproduces the run (issue 11)
+    # a run's summary.json: its resolved config reproduces the run
     cfg = {k: v for k, v in cfg["config"].items() if k not in ("out", "overwrite", "resume")}
   cfg = {k.replace("-", "_"): v for k, v in cfg.items()}
   if "hparams" in cfg:

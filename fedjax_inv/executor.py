@@ -143,6 +143,14 @@ def _name(key) -> str:
   return f"{a} seed {s}" + ("" if h is None else f" holdout {h}")
 
 
+def _batch_label(folder: str, todo) -> str:
+  """A batch's name on progress lines: 'fedavg seeds 0,1,2' when its runs differ only
+  by seed, else 'fedavg ×6 runs'."""
+  if len({(a, h) for a, _, h in todo}) == 1 and todo[0][2] is None:
+    return f"{todo[0][0]} seeds {','.join(str(s) for _, s, _ in todo)}"
+  return f"{folder} ×{len(todo)} runs"
+
+
 def _print_run(key, res, lodo_selected, stream) -> None:
   f = res.final
   acc = " ".join(f"{k}={v:.3f}" for k, v in f.items()
@@ -173,6 +181,7 @@ def task_for(pl, h, seed: int):
   Raises:
     RuntimeError: a task builder that reports another held-out domain than asked for.
   """
+  import time
   from fedjax_inv.tasks import make_task
   split = seed if pl.resplit else pl.split_seed
   key = (h, split)
@@ -180,12 +189,28 @@ def task_for(pl, h, seed: int):
     kw = dict(pl.task_kwargs, seed=split)
     if h is not None:
       kw["holdout"] = h
+    t0 = time.perf_counter()
     pl.tasks[key] = make_task(pl.task.name, **kw)
+    if getattr(pl, "load_seconds", None) is not None:
+      pl.load_seconds[key] = time.perf_counter() - t0
   task = pl.tasks[key]
   if h is not None and task.info.get("holdout") != h:
     raise RuntimeError(f"task {pl.task.name!r} built with holdout={h!r} reports holdout "
                        f"{task.info.get('holdout')!r}; its builder breaks the contract.")
   return task
+
+
+def load_seconds(pl, keys) -> float | None:
+  """Seconds spent building the tasks of the runs ``keys`` (``(label, seed, holdout)``),
+  each task's counted once: the first run that uses it gets its time, later ones 0.0.
+  None when none of those tasks was built by the plan (a ``Task`` object given to the
+  planner)."""
+  spent = getattr(pl, "load_seconds", None) or {}
+  total, known = 0.0, False
+  for k in dict.fromkeys((h, s if pl.resplit else pl.split_seed) for _, s, h in keys):
+    if k in spent:
+      total, known, spent[k] = total + spent[k], True, 0.0
+  return total if known else None
 
 
 def _varies(pl) -> bool:
@@ -280,7 +305,8 @@ def execute(pl, out, done, rec, progress, stream) -> None:
     indexed = hparams is not None or tasks is not None  # callback gets the replica index
     keyed = dict(enumerate(todo)) if indexed else {k[1]: k for k in todo}
     kw = dict(seeds=[s for _, s, _ in todo], callback=row_writer(keyed), tasks=tasks,
-              checkpoint_dir=bdir, checkpoint_every=every, **common)
+              checkpoint_dir=bdir, checkpoint_every=every, **common,
+              label=_batch_label(folder, todo), load_seconds=load_seconds(pl, todo))
     if hparams is not None:
       kw.update(seeds=hparams[0], hparams=hparams[1])
     results = replicas.run_replicas(pl.task, structure, **kw)
@@ -302,7 +328,8 @@ def execute(pl, out, done, rec, progress, stream) -> None:
     try:
       res = simulation.run(task, pl.built[a], seed=s, **common,
                            callback=None if writer is None else lambda e: writer(0, e),
-                           checkpoint_dir=ckpt if every else None, checkpoint_every=every)
+                           checkpoint_dir=ckpt if every else None, checkpoint_every=every,
+                           label=_name(key), load_seconds=load_seconds(pl, [key]))
     except simulation.DivergedError as e:
       res = e
     rec(key, res, rec.base(key, algo), ckpt if out is not None else None, task.info)

@@ -1,6 +1,6 @@
 """One experiment = task × algorithms × seeds, written to ``runs/<name>/``.
 
-Layout of the output directory (issue 11: nothing is lost when a run dies):
+Layout of the output directory (nothing is lost when a run dies):
   .fedjax-inv-run   marker: this folder was written by fedjax-inv (only such a folder is
                     ever replaced, and only with --overwrite)
   config.json       the resolved config (written first; ``--resume`` reads it)
@@ -10,7 +10,8 @@ Layout of the output directory (issue 11: nothing is lost when a run dies):
                     'diverged' | 'interrupted'), ``provenance`` (versions, git commit,
                     device, command) and ``config`` (``--config summary.json`` reruns it)
   <algorithm>/seed<s>/summary.json   written as soon as that run ends (``status``,
-                    ``diverged_round`` for a diverged run); with ``--holdout``:
+                    ``diverged_round`` for a diverged run, ``timing``: data loading,
+                    compile, first round and per-round seconds); with ``--holdout``:
                     ``<algorithm>/h<domain>/seed<s>/`` (and ``lodo_selected``)
   <algorithm>/seed<s>/checkpoint/    the current run's state (``--checkpoint-every``)
   metrics.jsonl     one line per evaluated round (with ``algorithm``, ``seed`` and, with
@@ -346,7 +347,7 @@ def run_transform(cfg: dict, task, cohort: int, rounds: int):
     raise ValueError(f"--attack label_flip needs a classification task; {task.name!r} is "
                      "regression.")
 
-  def robustness(alg):  # attacks, participation, bucketing (issue 26); DP-SGD (issue 25)
+  def robustness(alg):  # attacks, participation, bucketing; DP-SGD
     if sgd is not None:
       alg = dp_sgd.apply(alg, sgd)
     if rb["attack"] is None and rb["participation"] is None and rb["bucket"] is None:
@@ -414,6 +415,8 @@ def plan_experiment(cfg: dict, overrides=None, *, task_kwargs=None, seeds=None,
     a namespace: ``cfg`` (checked), ``algos``, ``seeds``, ``holdouts`` (domain names, or
     ``[None]``), ``domains``, ``validation``, ``task`` (the first task), ``tasks`` (the
     cache of ``executor.task_for``), ``task_kwargs``, ``split_seed``, ``resplit``,
+    ``load_seconds`` (seconds each task of ``tasks`` took to build, for the progress
+    lines and ``timing``: ``executor.load_seconds``),
     ``rounds``, ``eval_every``, ``cohort``, ``plans`` / ``labels`` / ``built`` (per
     algorithm: its ``sweep.Plan``, its run labels; per label: its ``Algorithm``),
     ``names`` (every label), ``rep`` (the ``Reporting``), ``resolved`` (the config written
@@ -457,8 +460,10 @@ def plan_experiment(cfg: dict, overrides=None, *, task_kwargs=None, seeds=None,
   if task is not None and (holdouts is not None or cfg.get("holdout")):
     raise ValueError("a Task object and held-out domains: give the task by name to run "
                      "leave-one-domain-out.")
+  given_task, t_load = task is not None, time.perf_counter()
   task, domains, holdouts = ((task, None, [None]) if task is not None else
                              _plan_task(cfg, tkw, split_seed, holdouts))
+  t_load = time.perf_counter() - t_load
 
   def given(key, default):  # None = not given; 0 was refused by check_run_config
     return default if cfg.get(key) is None else cfg[key]
@@ -492,6 +497,8 @@ def plan_experiment(cfg: dict, overrides=None, *, task_kwargs=None, seeds=None,
       validation=cfg.get("validation") or "mean", split_seed=split_seed,
       resplit=bool(resplit), task_kwargs=tkw,
       tasks={(task.info.get("holdout") if domains else None, split_seed): task},
+      load_seconds={} if given_task else {
+          (task.info.get("holdout") if domains else None, split_seed): t_load},
       rounds=rounds, eval_every=eval_every, cohort=cohort, plans=plans, labels=labels,
       built=built, names=[lab for a in algos for lab in labels[a]], rep=rep,
       resolved=resolved, search_info=search_info, replicas=replicas,
@@ -711,10 +718,28 @@ def _write_tables(pl, out, runs, ok, table, metrics, printed_extra, stream) -> N
   outputs.plot_curves(out / "curves.png", [r for r in ok if r["history"]],
                       title=f"{task.name}: {', '.join(pl.algos)} ({len(pl.seeds)} seed(s), "
                             f"{pl.rounds} rounds)",
-                      sets=("train",) + tuple(task.eval_sets))
+                      sets=("train",) + tuple(task.eval_sets),
+                      num_classes=num_classes(task))
   printed = (metrics[: 1 + len(task.eval_sets)] + printed_extra +
              [m for m in metrics if m.startswith("personal_val")])
   print("\n" + outputs.format_table(table, printed, markdown=False), file=stream)
+
+
+def num_classes(task) -> int | None:
+  """The number of classes K of ``task``: None for a regression task, 2 for a binary
+  one, else the model's number of outputs (its logits, as ``Task`` checks them; shapes
+  only, nothing computed), or the largest label + 1 when the model cannot be traced."""
+  if task.kind == "regression":
+    return None
+  if task.kind == "binary":
+    return 2
+  from fedjax_inv.tasks.base import _output_dim
+  try:
+    return _output_dim(task.model, task.train.feature_shape)
+  except Exception:  # an object that only looks like a Task: count the labels
+    import numpy as np
+    return int(max(np.max(np.asarray(d.y))
+                   for d in [task.train, *task.eval_sets.values()])) + 1
 
 
 def resolve_holdouts(task_name, task_kwargs, split_seed, holdouts):

@@ -1,5 +1,5 @@
-"""A hyperparameter grid (issue 13): the ``--sweep`` grammar (:func:`parse_sweep`,
-:func:`spec_for`, :func:`points`, :func:`label`) and whether the grid's points share one
+"""A hyperparameter grid: the ``--sweep`` grammar (:func:`parse_sweep`, :func:`spec_for`,
+:func:`points`, :func:`label`) and whether the grid's points share one
 compiled program (:func:`plan`, :class:`Plan`, :func:`replica_hparams`), read by the
 planner (``experiment.plan_experiment``) and the executor (``executor.execute``).
 
@@ -155,13 +155,22 @@ def plan(algorithm: str, make: Callable[[dict], Algorithm], pts: list) -> Plan:
     a :class:`Plan`.
 
   Raises:
-    ValueError: a point the algorithm refuses (names the point).
+    ValueError: a point the algorithm refuses (names the point: ``--sweep point
+      fedprox@mu=-1: ...``), or a setting every point shares that it refuses, without
+      a point (the error of ``make({})``: the value came from elsewhere, not from
+      ``--sweep`` / ``--search``).
   """
   concrete = []
   for p in pts:
     try:
       concrete.append(make(p))
     except ValueError as e:
+      if not p:  # no point (no --sweep / --search): the value came from another flag
+        raise
+      try:  # does the algorithm refuse the settings without the point, too?
+        make({})
+      except ValueError as shared:
+        raise shared from None  # the shared settings' error, not the point's
       raise ValueError(f"--sweep point {label(algorithm, p)}: {e}") from None
   names = tuple(pts[0]) if pts else ()
   if not names:

@@ -208,10 +208,53 @@ def table_csv(rows: list[dict], metrics: list[str]) -> str:
   return buf.getvalue()
 
 
+# Curves with at most this many evaluated rounds get a marker at each point (a run with
+# one evaluation is a dot, not an empty plot).
+MARKER_MAX_POINTS = 20
+
+
 def plot_curves(path, runs: list[dict], title: str = "",
-                sets: tuple[str, ...] = ("train", "ood")) -> None:
-  """curves.png: accuracy (or MSE) vs round; one color per algorithm, dashed = training
-  clients, solid = the other evaluation sets; mean over seeds with a ±1 std band."""
+                sets: tuple[str, ...] = ("train", "ood"),
+                num_classes: int | None = None) -> None:
+  """curves.png: :func:`curves_figure` written to ``path`` (PNG).
+
+  Args:
+    path: the image file to write.
+    runs, title, sets, num_classes: as :func:`curves_figure`.
+
+  Raises:
+    IndexError: ``runs`` is empty or its first run has no history.
+  """
+  fig = curves_figure(runs, title, sets, num_classes)  # selects the Agg backend
+  import matplotlib.pyplot as plt
+  fig.savefig(path)
+  plt.close(fig)
+
+
+def curves_figure(runs: list[dict], title: str = "",
+                  sets: tuple[str, ...] = ("train", "ood"),
+                  num_classes: int | None = None):
+  """The figure of curves.png: accuracy (or MSE) vs round; one color per algorithm,
+  dashed = training clients, solid = the other evaluation sets; mean over seeds with a
+  ±1 std band. Curves with at most :data:`MARKER_MAX_POINTS` evaluated rounds get a
+  marker at each point (a run evaluated once is a dot, not an empty plot).
+
+  Args:
+    runs: run dicts with ``algorithm`` and ``history`` (``RunResult.history`` entries:
+      ``round`` and ``<set>_accuracy`` or ``<set>_mse``); the seeds of one algorithm
+      must share their evaluated rounds.
+    title: the plot's title.
+    sets: the evaluation sets drawn (``train`` dashed, the others solid).
+    num_classes: the task's number of classes K (2 for binary;
+      ``fedjax_inv.experiment.num_classes``): an accuracy plot gets a dotted chance line
+      at 1/K; None (regression, or unknown): no chance line.
+
+  Returns:
+    a matplotlib ``Figure`` (Agg backend; the caller closes it, ``plt.close(fig)``).
+
+  Raises:
+    IndexError: ``runs`` is empty or its first run has no history.
+  """
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
@@ -232,18 +275,19 @@ def plot_curves(path, runs: list[dict], title: str = "",
       ys = np.array([[h[key] for h in r["history"]] for r in rs])
       mu, sd = ys.mean(0), ys.std(0)
       c = colors[i % len(colors)]
-      ax.plot(rounds, mu, styles[s], color=c, label=f"{a} ({s})")
+      ax.plot(rounds, mu, styles[s], color=c, label=f"{a} ({s})",
+              marker="o" if len(rounds) <= MARKER_MAX_POINTS else None, markersize=4)
       if len(rs) > 1:
         ax.fill_between(rounds, mu - sd, mu + sd, color=c, alpha=0.15)
   ax.set_xlabel("round")
   ax.set_ylabel(metric)
   if metric == "accuracy":
     ax.set_ylim(0, 1)
-    ax.axhline(0.5, color="grey", lw=0.6, ls=":")
+    if num_classes is not None and int(num_classes) >= 2:
+      ax.axhline(1.0 / int(num_classes), color="grey", lw=0.6, ls=":", label="_chance")
   ax.set_title(title, fontsize=9)
   ax.legend(fontsize=7, ncol=min(4, 2 * len(algos)), loc="upper center",
             bbox_to_anchor=(0.5, -0.14), frameon=False)
   ax.grid(alpha=0.3)
   fig.tight_layout()
-  fig.savefig(path)
-  plt.close(fig)
+  return fig

@@ -1,4 +1,4 @@
-"""Many runs as one computation (issue 13): S seeds of one algorithm on one task run as ONE
+"""Many runs as one computation: S seeds of one algorithm on one task run as ONE
 batched program, ``vmap`` over a leading replica axis ``[S, ...]`` of the server states,
 per-client states and PRNG keys; the client data is shared (broadcast, not copied).
 
@@ -70,7 +70,8 @@ def run_replicas(task, algorithm, *, seeds, rounds: int,
                  chunk_size: int | None = None, eval_every: int | None = None,
                  progress: bool = True, shard: bool = True, callback=None,
                  reporting="auto", rounds_per_call: int = 1, hparams=None,
-                 tasks=None, checkpoint_dir=None, checkpoint_every: int | None = None) -> list:
+                 tasks=None, checkpoint_dir=None, checkpoint_every: int | None = None,
+                 label: str | None = None, load_seconds: float | None = None) -> list:
   """Runs ``algorithm`` on ``task`` once per seed, all seeds batched in one program.
 
   Args:
@@ -79,7 +80,13 @@ def run_replicas(task, algorithm, *, seeds, rounds: int,
       (shared by every replica).
     seeds: the replicas' seeds (S >= 1 distinct integers); replica ``i`` equals
       ``simulation.run(..., seed=seeds[i])``.
-    progress: one tqdm bar for the batch (terminal only).
+    progress: the batch's progress on stderr, as :func:`fedjax_inv.simulation.run`'s
+      (one bar in a terminal, else plain lines with the metrics averaged over the
+      replicas).
+    label: the batch's name on progress lines (default ``'<algorithm> seeds 0,1,...'``,
+      or ``'<algorithm> ×S replicas'`` with ``hparams`` or ``tasks``).
+    load_seconds: seconds the caller spent building the task(s), for the first progress
+      line and ``RunResult.timing['load_s']``; None = unknown.
     callback: ``callback(seed, entry)`` with each replica's history entries, or
       ``callback(i, entry)`` (replica index) when ``hparams`` or ``tasks`` is given.
     hparams: optional list of S dicts ``{name: number}``, replica ``i``'s traced
@@ -106,6 +113,8 @@ def run_replicas(task, algorithm, *, seeds, rounds: int,
       length than ``seeds``, names that differ between replicas or that nothing reads,
       and everything :func:`simulation.run` refuses — before compiling.
   """
+  from fedjax_inv import progress as progress_lib
+  started = progress_lib.clock()
   seeds = [int(s) for s in seeds]
   if tasks is not None:
     tasks = list(tasks)
@@ -131,13 +140,17 @@ def run_replicas(task, algorithm, *, seeds, rounds: int,
   vround = batched_round(p.round_fn, per_replica_data=tasks is not None)
   data = task.train if tasks is None else _stack([t.train for t in tasks])
   server, cstates, keys = stacked_state(algorithm, p.model, p.num_clients, seeds, hparams)
-  label = (lambda i: i) if hparams is not None or tasks is not None else seeds.__getitem__
+  key = (lambda i: i) if hparams is not None or tasks is not None else seeds.__getitem__
   return simulation.train_loop(
       p, vround, data, server, cstates, keys, tasks=tasks or [task] * len(seeds),
       algorithm=algorithm, batched=True, progress=progress,
       desc=f"{algorithm.name} on {task.name} ×{len(seeds)} seeds",
-      callback=None if callback is None else lambda i, e: callback(label(i), e),
-      checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every)
+      callback=None if callback is None else lambda i, e: callback(key(i), e),
+      checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
+      label=label or (f"{algorithm.name} seeds {','.join(map(str, seeds))}"
+                      if hparams is None and tasks is None
+                      else f"{algorithm.name} ×{len(seeds)} replicas"),
+      load_seconds=load_seconds, started=started)
 
 
 def _check_hparams(algorithm, seeds, hparams) -> None:

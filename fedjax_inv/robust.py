@@ -1,4 +1,4 @@
-"""Robust aggregation (issue 26): aggregators that need every client's update at once.
+"""Robust aggregation: aggregators that need every client's update at once.
 
 The engine's aggregators are monoids (``core/aggregator.py``: summable statistics). A
 coordinate-wise median, Krum or a geometric median is not: it needs the whole ``[C, ...]``

@@ -52,6 +52,12 @@ class RunResult:
     padding: padded examples ÷ real examples of the pool (``pool``) and of the local
       training's computation (``compute``) under the strategy that ran
       (:func:`fedjax_inv.core.data.padding_overhead`).
+    timing: wall seconds of the run's stages
+      (:meth:`fedjax_inv.progress.RunProgress.timing`): ``load_s`` (data loading; None
+      when the task was built by the caller), ``compile_s`` (setup to the end of the
+      first device call: compilation plus that call), ``first_round_at_s`` (start of
+      the run to the end of its first round), ``round_s`` (median per round after the
+      first call); for batched replicas those of the whole batch.
   """
   history: list
   final: dict
@@ -66,10 +72,12 @@ class RunResult:
   probe: dict | None = None
   privacy: dict | None = None
   padding: dict | None = None
+  timing: dict | None = None
 
   def report(self) -> dict:
-    """The reporting part for ``summary.json``: ``selected``, ``last_k_mean`` and
-    ``reporting`` (keys with nothing in them are left out)."""
+    """The reporting part for ``summary.json``: ``selected``, ``last_k_mean``,
+    ``reporting``, ``execution_probe``, ``privacy``, ``padding`` and ``timing`` (keys
+    with nothing in them are left out)."""
     out = {}
     if self.selected:
       out["selected"] = self.selected
@@ -83,6 +91,8 @@ class RunResult:
       out["privacy"] = self.privacy
     if self.padding:
       out["padding"] = self.padding
+    if self.timing:
+      out["timing"] = self.timing
     return out
 
 
@@ -163,7 +173,7 @@ CHECK_EVERY = 10
 
 
 def build_fused_rounds(round_fn):
-  """Fuses several rounds into one device call (issue 13, fused rounds).
+  """Fuses several rounds into one device call.
 
   Args:
     round_fn: a :func:`fedjax_inv.core.engine.build_round` result.
@@ -197,10 +207,12 @@ def build_fused_rounds(round_fn):
 def progress_bar(progress: bool, total: int, desc: str, initial: int = 0):
   """A tqdm bar over rounds (a context manager). With ``progress=False``, or when stderr
   is not a terminal (``disable=None``: a bar floods log files), every call on it is a
-  no-op, so the round loop needs no checks."""
-  from tqdm.auto import tqdm
-  return tqdm(total=total, initial=initial, desc=desc, unit="round", leave=False,
-              disable=None if progress else True)
+  no-op. ``tqdm.std`` (``tqdm.auto`` only when ipywidgets is importable:
+  :func:`fedjax_inv.progress.bar_class`). The training loop itself reports through
+  :class:`fedjax_inv.progress.RunProgress` (plain lines when stderr is not a terminal)."""
+  from fedjax_inv.progress import bar_class
+  return bar_class()(total=total, initial=initial, desc=desc, unit="round", leave=False,
+                     disable=None if progress else True)
 
 
 def advance(round_fn, fused, server, cstates, data, key, bad, first: int, rounds: int,
@@ -291,7 +303,7 @@ def prepare(task, algorithm, rounds, clients_per_round, execution, chunk_size,
   rounds = int(rounds)
   warn_short_schedule(algorithm, rounds)
   num_clients = task.train.num_clients
-  # None means "the default"; 0 or a negative number is refused, never replaced (issue 11)
+  # None means "the default"; 0 or a negative number is refused, never replaced
   for name, v in (("clients_per_round", clients_per_round), ("eval_every", eval_every),
                   ("chunk_size", chunk_size)):
     if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer))
@@ -347,7 +359,8 @@ def run(task, algorithm, *, rounds: int, clients_per_round: int | None = None,
         callback: Callable[[dict], None] | None = None,
         reporting="auto", checkpoint_dir=None,
         checkpoint_every: int | None = None, rounds_per_call: int = 1,
-        loggers=None, run_name: str | None = None) -> RunResult:
+        loggers=None, run_name: str | None = None, label: str | None = None,
+        load_seconds: float | None = None) -> RunResult:
   """Trains ``algorithm`` on ``task`` for ``rounds`` rounds.
 
   Args:
@@ -367,8 +380,11 @@ def run(task, algorithm, *, rounds: int, clients_per_round: int | None = None,
     eval_every: evaluate every this many rounds (default ``max(1, rounds // 20)``); the
       last round, and each of the last ``reporting.last_k`` rounds, are always evaluated
       (``fedjax_inv.eval.reporting.eval_rounds``).
-    progress: a tqdm bar on a terminal; nothing when stderr is not a terminal (logs,
-      CI, pipes: ``disable=None``).
+    progress: a tqdm bar when stderr is a terminal; otherwise (logs, CI, ``nohup``,
+      pipes, notebooks) one flushed line on stderr per evaluated round and at least one a
+      minute, with round/total, s/round, ETA and the main metrics
+      (:class:`fedjax_inv.progress.RunProgress`); either way a first line with the data
+      loading and compile seconds. False: nothing.
     shard: True (default): shard the client axis over all devices when more than one is
       present and the cohort divides evenly; False: one device; an int N: the first N
       devices (:func:`device_mesh`; ``fedjax-inv run --devices N``).
@@ -379,6 +395,9 @@ def run(task, algorithm, *, rounds: int, clients_per_round: int | None = None,
       ``'<algorithm>-seed<seed>'``) with the algorithm's hyperparameters and the seed as
       its config; they are closed when the run ends.
     run_name: the run's name in ``loggers``.
+    label: the run's name on progress lines (default ``'<algorithm> seed <seed>'``).
+    load_seconds: seconds the caller spent building ``task`` (its data loading), for the
+      first progress line and ``RunResult.timing['load_s']``; None = unknown.
     reporting: what to record beyond the pooled metrics — 'auto' (default: the task's
       paper protocol, ``fedjax_inv.eval.reporting.for_task``), None (nothing), a dict of
       ``Reporting`` fields (e.g. ``{'select': ['min:ood_loss'], 'last_k': 20}``) or a
@@ -391,7 +410,7 @@ def run(task, algorithm, *, rounds: int, clients_per_round: int | None = None,
       and ends bit-identical to an uninterrupted run (the per-round randomness derives
       from the seed and the server's round counter).
     checkpoint_every: rounds between checkpoints (>= 1); None = never save.
-    rounds_per_call: fused rounds (issue 13): up to this many rounds run in ONE device
+    rounds_per_call: fused rounds: up to this many rounds run in ONE device
       call (a ``lax.fori_loop`` over the jitted round, :func:`build_fused_rounds`), with
       no host synchronization between them; evaluation, checkpoints, the divergence
       check and the progress bar happen at call boundaries (a call always ends at an
@@ -410,6 +429,8 @@ def run(task, algorithm, *, rounds: int, clients_per_round: int | None = None,
       carries the FIRST non-finite round (a device-side scalar updated every round)
       and the history so far.
   """
+  from fedjax_inv import progress as progress_lib
+  started = progress_lib.clock()
   check_checkpoint_every(checkpoint_every)
   p = prepare(task, algorithm, rounds, clients_per_round, execution, chunk_size,
               eval_every, shard, reporting, rounds_per_call)
@@ -430,7 +451,9 @@ def run(task, algorithm, *, rounds: int, clients_per_round: int | None = None,
                      tasks=[task], algorithm=algorithm, batched=False, progress=progress,
                      desc=f"{algorithm.name} on {task.name}",
                      callback=None if callback is None else lambda i, e: callback(e),
-                     checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every)[0]
+                     checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
+                     label=label or f"{algorithm.name} seed {seed}",
+                     load_seconds=load_seconds, started=started)[0]
   finally:
     if loggers:
       close_all(loggers)
@@ -545,7 +568,8 @@ class _Replicas:
     self.check(bad)
     return server, cstates, bad, meta["round"] + 1
 
-  def results(self, p, server, strategy: str, seconds: float, probe=None) -> list:
+  def results(self, p, server, strategy: str, seconds: float, probe=None,
+              timing=None) -> list:
     """One RunResult (or DivergedError) per replica."""
     rep, out = p.rep, []
     for i in range(self.S):
@@ -561,14 +585,16 @@ class _Replicas:
           last_k_mean=reporting_lib.last_k_mean(h, rep.last_k, p.rounds)
           if rep.last_k else None,
           reporting=rep.to_dict() if rep else {}, probe=probe,
-          privacy=getattr(p, "privacy", None), padding=getattr(p, "padding", None)))
+          privacy=getattr(p, "privacy", None), padding=getattr(p, "padding", None),
+          timing=dict(timing) if timing else None))
     return out
 
 
 def train_loop(p, round_fn, data, server, cstates, keys, *, tasks, algorithm, batched: bool,
                progress: bool = True, desc: str = "", callback=None, checkpoint_dir=None,
-               checkpoint_every: int | None = None) -> list:
-  """THE training loop (issue 22): rounds of ``round_fn`` (one device call per round, or
+               checkpoint_every: int | None = None, label: str | None = None,
+               load_seconds: float | None = None, started: float | None = None) -> list:
+  """THE training loop: rounds of ``round_fn`` (one device call per round, or
   fused calls), the divergence check, evaluation on the schedule, model selection,
   checkpoints and resume, the progress bar — for one run (``batched=False``,
   :func:`run`) or S runs batched on a leading replica axis (``batched=True``,
@@ -589,6 +615,14 @@ def train_loop(p, round_fn, data, server, cstates, keys, *, tasks, algorithm, ba
       from a checkpoint found in ``checkpoint_dir`` (``fedjax_inv.checkpoint``;
       bit-identical to an uninterrupted run); ``callback`` is replayed on the restored
       histories.
+    progress, desc, label, load_seconds, started: the run's progress on stderr
+      (:class:`fedjax_inv.progress.RunProgress`: a bar in a terminal, else plain lines;
+      ``label`` names the run on them, default ``desc``); ``load_seconds`` = its data
+      loading, ``started`` = ``progress.clock()`` when its setup began (default: when
+      the loop starts). The first device call is waited for, so that ``compile_s``
+      (setup + compilation + that call) is measured; s/round counts only calls the loop
+      waited for anyway (evaluation, divergence check) or waits for when a plain line
+      is due. ``RunResult.timing`` gets the numbers.
 
   Returns:
     one ``RunResult`` or ``DivergedError`` per replica (a diverged replica stops being
@@ -598,7 +632,9 @@ def train_loop(p, round_fn, data, server, cstates, keys, *, tasks, algorithm, ba
   reps = _Replicas(tasks, algorithm.name, batched)
   personal = algorithm.personal
   fused = build_fused_rounds(round_fn) if p.rounds_per_call > 1 else None
+  from fedjax_inv import progress as progress_lib
   t0 = time.perf_counter()
+  started = progress_lib.clock() if started is None else started
   bad, start = reps.zero_flags(), 1
   multi = jax.process_count() > 1
   if multi and batched:
@@ -618,14 +654,24 @@ def train_loop(p, round_fn, data, server, cstates, keys, *, tasks, algorithm, ba
                                                       keys, bad)
   stops = set(p.schedule) | (set(range(checkpoint_every, p.rounds + 1, checkpoint_every))
                              if saving else set())
-  with progress_bar(progress, p.rounds, desc, initial=start - 1) as bar:
+  prog = progress_lib.RunProgress(label or desc, p.rounds, enabled=progress,
+                                  initial=start - 1, desc=desc, load_s=load_seconds,
+                                  started=started)
+  with prog:
     r = start
     while r <= p.rounds and not all(e is not None for e in reps.errors):
       first = r
       server, cstates, bad, train_loss, r = advance(
           round_fn, fused, server, cstates, data, keys, bad, first, p.rounds, stops,
           p.rounds_per_call)
-      if (r in p.schedule or r % CHECK_EVERY == 0 or r > first) and reps.check(bad):
+      check = r in p.schedule or r % CHECK_EVERY == 0 or r > first  # reads the device
+      synced = check
+      if prog.compile_s is None or (not check and prog.due()):
+        jax.block_until_ready(train_loss)  # compile_s / a line of finished rounds
+        synced = True
+        if prog.compile_s is None:
+          prog.first_call_done()
+      if check and reps.check(bad):
         break
       if r in p.schedule:
         losses = reps.flags(train_loss).astype(float)
@@ -655,16 +701,15 @@ def train_loop(p, round_fn, data, server, cstates, keys, *, tasks, algorithm, ba
         for i in range(reps.S):
           if reps.errors[i] is None and callback is not None:
             callback(i, reps.histories[i][-1])
-        if reps.S == 1 and reps.errors[0] is None:
-          bar.set_postfix({k.replace("_accuracy", "_acc"): f"{v:.3f}"
-                           for k, v in reps.histories[0][-1].items()
-                           if k.endswith("_accuracy") and "client" not in k})
-      bar.update(r - first + 1)
+      evaluated = [reps.histories[i][-1] for i in range(reps.S)
+                   if reps.errors[i] is None and r in p.schedule]
+      prog.update(r, r - first + 1, progress_lib.mean_entry(evaluated), synced=synced)
       r += 1
   seconds = (time.perf_counter() - t0) / reps.S
   if multi:
     server = multihost.to_host(server)
-  return reps.results(p, server, round_fn.strategy, seconds, p.probe)
+  return reps.results(p, server, round_fn.strategy, seconds, p.probe,
+                      prog.timing() if prog.compile_s is not None else None)
 
 
 def _global_inputs(mesh, data, server, cstates, keys, bad):

@@ -1,6 +1,6 @@
 """Hyperparameter sweeps from Python (:func:`run_sweep`, a front end over the planner and
 executor of ``fedjax-inv run``): a grid of settings × seeds, batched as one program when the
-swept values can be traced (issue 13).
+swept values can be traced.
 
 A research table is seeds × settings. ``fedjax-inv run --sweep client_lr=0.1,0.03
 --sweep mu=0,0.01`` (or :func:`run_sweep`) runs every point of the grid (the cartesian

@@ -1,7 +1,7 @@
 """One tuning protocol for every comparison (DomainBed's, Gulrajani & Lopez-Paz 2021 §4).
 
 Every method of a comparison, baselines included, gets **the same number of trials**:
-trial 0 is the method's starting values (the task's / paper's settings), trials
+the first trial is the method's starting values (the task's / paper's settings), trials
 ``1 .. trials-1`` are random points of its registered search space
 (``fedjax_inv.algorithms.hparams``, learning rates included), drawn from ``search_seed``.
 Each trial runs on the **tuning seeds**; the trial with the best mean **validation** score
@@ -45,7 +45,7 @@ class Protocol:
   """The tuning budget and seeds of one comparison; the same for every method in it.
 
   Attributes:
-    trials: trials per method (trial 0 = its starting values, the rest random), >= 1;
+    trials: trials per method (the first at its starting values, the rest random), >= 1;
       with 1 nothing is tuned and nothing runs on the tuning seeds.
     tuning_seeds: seeds the trials run on (data draw, split, init, sampling).
     report_seeds: seeds of the reported runs; disjoint from ``tuning_seeds``.
@@ -159,7 +159,7 @@ def tune_row(out, *, task: str, algorithms, rounds: int, protocol: Protocol,
       ``fixed={'fedgma_fedprox': {'base': 'fedprox'}}``).
     rounds: rounds of every run.
     protocol: the :class:`Protocol` (budget, seeds), the same for every algorithm.
-    base: ``{algorithm: {name: value}}`` starting values (trial 0; the random trials
+    base: ``{algorithm: {name: value}}`` starting values (the first trial; the random trials
       override the names they search); ``'*'`` applies to every algorithm.
     fixed: ``{algorithm: {name: value}}`` values never searched (``'*'``: every
       algorithm): part of the row's definition (e.g. the model's local steps).
@@ -170,7 +170,7 @@ def tune_row(out, *, task: str, algorithms, rounds: int, protocol: Protocol,
     notes: free text stored in ``protocol.json``.
     extra_space: ``{label: {name: Range}}`` added to one column's space (FedGMA on
       FedProx also searches FedProx's μ).
-    report_start: also run trial 0 (the starting values: the paper's settings, tuned by
+    report_start: also run the first trial (the starting values: the paper's settings, tuned by
       nobody here) on the report seeds when another trial was selected, so a table can
       show both (``runs/<algorithm>/report-starting-seed<s>.json``).
 
@@ -348,7 +348,7 @@ def _report_column(row: _Row, a: str, name: str, points: list, start: dict,
 def load_row(out) -> dict:
   """A row folder as ``{'protocol': ..., 'selected': ..., 'report': {algorithm: [run
   records of the selected trial, in report-seed order]}, 'starting': {algorithm: [the
-  same for trial 0, the starting values]}, 'tune': {algorithm: [records]}}``.
+  same for the first trial, the starting values]}, 'tune': {algorithm: [records]}}``.
 
   Raises:
     FileNotFoundError: ``out`` has no ``protocol.json`` / ``selected.json``.
@@ -413,7 +413,7 @@ def markdown_table(row: dict, metrics: dict, *, digits: int = 3, scale: float = 
     ddof: of the ± (1 = sample std, as the README states).
     show: the hyperparameter names to print for each point (default: the searched ones).
     variants: which reported runs, one table row each: ``'report'`` (the trial selected
-      on validation) and/or ``'starting'`` (trial 0, the starting values).
+      on validation) and/or ``'starting'`` (the first trial, the starting values).
   """
   proto = row["protocol"]
   paper = proto.get("paper", {})

@@ -1,4 +1,4 @@
-"""XLA:CPU flags that fedjax_inv sets, each chosen by measurement (issue 30).
+"""XLA:CPU flags that fedjax_inv sets, each chosen by measurement.
 
 ``FLAGS`` maps an XLA flag name to its value. The settings were timed on the benchmark's
 rounds by ``benchmarks/cpu_flags.py``; the measurements and the choice are in

@@ -112,28 +112,39 @@ def test_the_key_names_what_a_round_speed_depends_on(tiny_binary):
   assert {"device_kind", "jax", "jaxlib", "feature_shape", "n_max"} <= set(k)
 
 
+class _FakeClock:
+  """``time.perf_counter`` that only advances when a fake round says so: the measured
+  times are exact, whatever the machine's load."""
+  def __init__(self):
+    self.now = 0.0
+
+  def __call__(self):
+    return self.now
+
+
 class _FakeRound:
-  """A 'round function' whose wall time is scripted per call (seconds)."""
-  def __init__(self, name, times):
-    self.strategy, self.times = name, list(times)
+  """A 'round function' whose wall time is scripted per call (seconds of ``clock``)."""
+  def __init__(self, name, times, clock):
+    self.strategy, self.times, self.clock = name, list(times), clock
 
   def __call__(self, server, cstates, data, key):
-    import time
-    time.sleep(self.times.pop(0))
+    self.clock.now += self.times.pop(0)
     return jnp.zeros(()), jnp.zeros(()), {}
 
 
-def test_measure_takes_the_median_of_interleaved_repeats():
+def test_measure_takes_the_median_of_interleaved_repeats(monkeypatch):
   """One slow burst (load) on the otherwise faster candidate does not decide: medians."""
+  clock = _FakeClock()
+  monkeypatch.setattr(auto_strategy.time, "perf_counter", clock)
   # per candidate: 1 compiling call, then repeats x rounds timed calls
-  scan = _FakeRound("scan", [0, 0.09, 0.01, 0.01])  # one burst, else 10 ms
-  vmap = _FakeRound("vmap", [0, 0.03, 0.03, 0.03])
+  scan = _FakeRound("scan", [0, 0.09, 0.01, 0.01], clock)  # one burst, else 10 ms
+  vmap = _FakeRound("vmap", [0, 0.03, 0.03, 0.03], clock)
   built, times = auto_strategy.measure({"scan": scan, "vmap": vmap}.__getitem__,
                                        ["scan", "vmap"], jnp.zeros(()), jnp.zeros(()), None,
                                        rounds=1, repeats=3)
   assert min(times, key=times.get) == "scan"
-  assert times["scan"] == pytest.approx(0.01, abs=0.008)
-  assert times["vmap"] == pytest.approx(0.03, abs=0.008)
+  assert times["scan"] == pytest.approx(0.01, abs=1e-12)
+  assert times["vmap"] == pytest.approx(0.03, abs=1e-12)
 
 
 def test_replicas_take_the_fixed_rule(tiny_binary, monkeypatch):

@@ -78,11 +78,11 @@ def test_config_is_never_executed_and_unknown_keys_fail(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv,msg", [
-    (["run", "--algorithm", "fedfoo"], "unknown algorithm 'fedfoo'"),
-    (["run", "--task", "imagenet"], "unknown task 'imagenet'"),
+    (["run", "--algorithm", "fedfoo"], "--algorithm fedfoo: unknown algorithm"),
+    (["run", "--task", "imagenet"], "--task imagenet: unknown task"),
     (["run", "--clients-per-round", "7"], "--clients-per-round 7"),
     (["run", "--batch-size", "lots"], "--batch-size 'lots'"),
-    (["run", "--execution", "turbo"], "execution='turbo'"),
+    (["run", "--execution", "turbo"], "--execution turbo: unknown execution strategy"),
     (["run", "--source", "raw", "--data-dir", "/nonexistent/dir"], "/nonexistent/dir"),
 ])
 def test_bad_flags_fail_fast_with_a_clear_message(argv, msg, capsys):

@@ -129,3 +129,56 @@ def test_api_config_hp_and_overrides_are_used_and_recorded(tmp_path):
   assert s["hparams"]["client_lr"] == 0.004 and s["hparams"]["local_steps"] == 2
   assert s["hparams"]["weight_decay"] == 0.001
   assert s["config"]["hp"] == ["local_steps=2", "weight_decay=0.001"]
+
+
+def _history(rounds, acc=True):
+  key = "{}_accuracy" if acc else "{}_mse"
+  return [{"round": r, key.format("train"): 0.6, key.format("ood"): 0.4} for r in rounds]
+
+
+def test_curves_with_one_evaluation_show_markers_and_chance_is_one_over_classes(tmp_path):
+  import matplotlib.pyplot as plt
+  runs = [{"algorithm": "fedavg", "history": _history([5])}]
+  fig = outputs.curves_figure(runs, sets=("train", "ood"), num_classes=10)
+  try:
+    lines = fig.axes[0].get_lines()
+    data = [l for l in lines if not l.get_label().startswith("_")]
+    assert len(data) == 2
+    for l in data:  # one evaluated round: a visible dot, not an empty line
+      assert l.get_marker() == "o" and l.get_markersize() > 0
+      assert list(l.get_xdata()) == [5] and l.get_visible()
+    chance = [l for l in lines if l.get_label() == "_chance"]
+    assert len(chance) == 1 and list(chance[0].get_ydata()) == [0.1, 0.1]
+  finally:
+    plt.close(fig)
+  fig = outputs.curves_figure(runs, num_classes=2)  # binary: 0.5
+  assert [list(l.get_ydata()) for l in fig.axes[0].get_lines()
+          if l.get_label() == "_chance"] == [[0.5, 0.5]]
+  plt.close(fig)
+  long = [{"algorithm": "fedavg", "history": _history(range(1, 31))}]
+  fig = outputs.curves_figure(long, num_classes=None)  # many points: lines only
+  lines = fig.axes[0].get_lines()
+  assert all(l.get_marker() in (None, "None", "") for l in lines)
+  assert not [l for l in lines if l.get_label() == "_chance"]  # unknown K: no line
+  plt.close(fig)
+  fig = outputs.curves_figure([{"algorithm": "a", "history": _history([1], acc=False)}],
+                              num_classes=None)  # regression: MSE, no chance line
+  assert fig.axes[0].get_ylabel() == "mse"
+  assert not [l for l in fig.axes[0].get_lines() if l.get_label() == "_chance"]
+  plt.close(fig)
+  outputs.plot_curves(tmp_path / "c.png", runs, num_classes=10)
+  assert (tmp_path / "c.png").stat().st_size > 0
+
+
+def test_num_classes_of_a_task(tiny_binary):
+  import numpy as np
+  from fedjax_inv import models
+  from fedjax_inv.tasks import Task
+  data, model = tiny_binary
+  assert experiment.num_classes(Task("b", "binary", data, {}, model, {})) == 2
+  multi = Task("m", "multiclass", data, {}, models.mlp(6, (8,), 10), {})
+  assert int(np.max(data.y)) == 1
+  assert experiment.num_classes(multi) == 10  # the model's logits, not the labels seen
+  reg = Task("r", "regression", data.replace(y=np.asarray(data.y, np.float32)), {},
+             models.mlp(6, (8,), 1), {})
+  assert experiment.num_classes(reg) is None

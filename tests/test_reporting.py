@@ -243,15 +243,20 @@ def test_task_defaults_follow_the_papers():
   assert own.last_k == 5
 
 
-def test_progress_bar_is_silent_off_a_terminal(capfd, tiny_binary):
+def test_no_progress_bar_off_a_terminal_only_plain_lines(capfd, tiny_binary):
   """Issue 12: a tqdm bar in a log file is one line per update; stderr is not a
-  terminal here, so nothing may be written."""
+  terminal here, so no bar is drawn: only plain lines (the first with the compile time,
+  then one per evaluated round; tests/test_progress.py)."""
   data, model = tiny_binary
   task = Task("tiny", "binary", data, {}, model, {})
   simulation.run(task, make_algorithm("fedavg", local_steps=1), rounds=3, seed=0,
                  progress=True, reporting=None)
   out, err = capfd.readouterr()
-  assert "round" not in err and "fedavg on tiny" not in err + out
+  assert "fedavg on tiny" not in err + out and "\r" not in err and "round/s" not in err
+  lines = [l for l in err.splitlines() if l.startswith("fedavg seed 0: ")]
+  assert "compile" in lines[0] and len(lines) == 4, err  # rounds 1, 2, 3 evaluated
+  assert [l.split(",")[0] for l in lines[1:]] == [f"fedavg seed 0: round {r}/3"
+                                                  for r in (1, 2, 3)]
 
 
 # ---------------------------------------------------------------------------------------

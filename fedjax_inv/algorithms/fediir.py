@@ -119,7 +119,8 @@ def fediir_component(gamma: float = FEDIIR_DEFAULTS["gamma"],
     return gradient_alignment(g, ctx.extras["fediir"]["g"], hparam(ctx, "gamma", gamma))
 
   return Component(name="fediir", init_server=init_server, pre_message=pre_message,
-                   pre_update=pre_update, loss=loss, traced=("gamma",))
+                   pre_update=pre_update, loss=loss, traced=("gamma",),
+                   needs_split=True)
 
 
 @register("fediir", paper="FedIIR (Guo et al.), objective FEDIIR, Alg. 1, App. C",

@@ -126,7 +126,7 @@ def fedsr_component(alpha_l2r: float = 1e-2, alpha_cmi: float = 5e-4,
         return {**grads, REFERENCE: fix}
 
       hooks.update(client_stage=decay_fix)
-  return Component(name=NAME, **hooks)
+  return Component(name=NAME, needs_split=True, **hooks)
 
 
 def _reference_mask(params):

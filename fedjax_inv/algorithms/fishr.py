@@ -140,4 +140,4 @@ def fishr_component(fishr_lambda: float, reduction: str = "sum") -> Component:
   return Component(name="fishr", init_server=init_server, pre_message=pre_message,
                    pre_aggregator=uniform_mean(), pre_update=pre_update, message=message,
                    aggregator=uniform_mean(), server_stage=server_gradient,
-                   traced=("fishr_lambda",))
+                   traced=("fishr_lambda",), needs_split=True)

@@ -1,4 +1,4 @@
-"""Who shows up and who lies (issue 26): attacks and participation as array operations over
+"""Who shows up and who lies: attacks and participation as array operations over
 the client axis, inside the jitted round.
 
 * :class:`Attack` — a fixed set of malicious pool clients, ``floor(fraction · N)`` of

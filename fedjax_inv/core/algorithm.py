@@ -159,6 +159,13 @@ class Component:
   program (``fedjax_inv/sweep.py``); the value the component was built with is the
   fallback. A traced coefficient must not change the component's structure.
 
+  Data field ``needs_split``: True when the hooks read the model's featurizer /
+  classifier split (``model.features`` as a representation, ``model.classify``,
+  ``params['classifier']``: Fishr, FedSR, FedIIR). An algorithm with such a component
+  refuses a model without the split (``FunctionalModel.has_split``) in
+  :meth:`Algorithm.model_for`, before anything compiles; every other algorithm trains
+  any NNX module with a ``__call__``.
+
   Source: docs/ARCHITECTURE.md, 'An algorithm is data'; docs/ALGORITHMS.md, 'Writing an
   algorithm'.
   """
@@ -186,6 +193,7 @@ class Component:
   # 6. personalization
   personal_params: Optional[Callable] = None
   traced: tuple = ()
+  needs_split: bool = False
 
 
 def client_stage(update: Callable) -> optax.GradientTransformationExtraArgs:
@@ -200,7 +208,7 @@ def client_stage(update: Callable) -> optax.GradientTransformationExtraArgs:
     ``optax.GradientTransformationExtraArgs``; calling its ``update`` without the ``ctx``
     keyword raises ``TypeError``.
 
-  Source: issue 14 (a client optimizer chain); SCAFFOLD (Karimireddy et al. 2020) Alg. 1
+  Source: a client optimizer chain (optax); SCAFFOLD (Karimireddy et al. 2020) Alg. 1
   line 10 is the example.
   """
   def update_fn(updates, state, params=None, *, ctx=None, **_):
@@ -221,7 +229,7 @@ def is_optax(stage) -> bool:
 # Key of ``ServerState.extras`` / ``Context.extras`` holding the traced hyperparameters
 # of a batched sweep replica: ``{name: float32 scalar}`` (absent in ordinary runs).
 HPARAMS = "__hparams__"
-# Hyperparameters the engine itself can take as traced arrays (issue 13). The client and
+# Hyperparameters the engine itself can take as traced arrays. The client and
 # server optimizers are linear in their learning rate (sgd, momentum, adam(w), Reddi's
 # adaptive ones, weight decay before the step), so a sweep builds them at lr = 1 and the
 # engine multiplies their updates by the replica's traced rate.
@@ -232,7 +240,7 @@ def hparam(ctx: "Context", name: str, default):
   """The traced value of hyperparameter ``name`` in a batched sweep replica (float32
   scalar, shared by all clients of the replica), else ``default`` (the built constant).
 
-  Source: issue 13 (sweeps as one batched program, as ``optax.inject_hyperparams``
+  Source: sweeps as one batched program (as ``optax.inject_hyperparams``
   keeps hyperparameters in the state rather than in the program)."""
   return ctx.extras.get(HPARAMS, {}).get(name, default)
 
@@ -404,7 +412,7 @@ class Algorithm:
     ``client_optimizer_state='persistent'``, from the client's own state of the last
     round it took part in (``init(w_0)`` before its first).
 
-    Source: issue 14 (a client optimizer chain); FedAvg ClientUpdate (McMahan et al.
+    Source: a client optimizer chain (optax); FedAvg ClientUpdate (McMahan et al.
     2017, Alg. 1)."""
     stages = [(c.name, c.client_stage if is_optax(c.client_stage)
                else client_stage(c.client_stage))
@@ -437,8 +445,34 @@ class Algorithm:
     return state
 
   def model_for(self, model):
-    """The model this algorithm trains, given the task's ``model``."""
+    """The model this algorithm trains, given the task's ``model`` (a
+    ``FunctionalModel``): ``model_transform(model)``, or ``model`` itself.
+
+    Raises:
+      ValueError: a component needs the featurizer / classifier split
+        (``Component.needs_split``) and ``model`` has none (``model.has_split`` False);
+        one line naming the algorithm, the component and what the model must expose.
+    """
+    self.check_model(model)
     return model if self.model_transform is None else self.model_transform(model)
+
+  def check_model(self, model) -> None:
+    """Raises ValueError when a component needs the featurizer / classifier split
+    (``Component.needs_split``) and ``model`` (a ``FunctionalModel``) lacks it. A model
+    object without ``has_split`` is taken to have the split. Runs no model code beyond
+    rebuilding the module from its parameter template: no tracing, no compile."""
+    needing = [c.name for c in self.components if c.needs_split]
+    if not needing or getattr(model, "has_split", True):
+      return
+    has = tuple(getattr(model, "split_parts", ()))
+    what = f"only .{has[0]}" if has else "neither"
+    name = getattr(model, "module_name", type(model).__name__)
+    reads = ("" if needing == [self.name] else
+             f" (component {', '.join(repr(n) for n in needing)} reads them)")
+    raise ValueError(
+        f"{self.name} needs a model with .featurizer ([B, ...] -> [B, d]) and .classifier "
+        f"([B, d] -> [B, K]){reads}; {name} has {what}. Split the model into those two "
+        "attributes (see models.mlp).")
 
   def replace(self, **kw) -> "Algorithm":
     return dataclasses.replace(self, **kw)

@@ -143,7 +143,7 @@ def padding_overhead(data: ClientData, algorithm, cohort: int, execution: str,
   chunk under 'chunked'.
 
   Returns ``{'pool', 'compute', 'execution'}``: the two ratios (1.0 = no padding) and the
-  strategy. Source: issue 24 (FEMNIST clients of 2..~480 examples).
+  strategy. Source: FEMNIST's clients of 2..~480 examples.
   """
   n = np.asarray(data.n, np.int64)
   n_max = int(data.n_max)

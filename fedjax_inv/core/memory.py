@@ -78,7 +78,7 @@ estimate (bytes, per device; float32 unless the pytrees say otherwise)::
 
 Measured against ``compiled.memory_analysis()`` (temp + output bytes) of the compiled
 round on XLA:CPU, JAX 0.10.2 (``benchmarks/memory_check.py``; ``benchmarks/RESULTS.md``,
-'Issue 30: memory estimate for ConvNets'): 0.85-1.93x for 72 ConvNet rounds
+'Memory estimate for ConvNets'): 0.85-1.93x for 72 ConvNet rounds
 (``models.cnn(1)``, FedSR's ``models.convnet()``, a ResNet-18 of width 8; fedavg, fedsr,
 fishr_inter_geo, fediir; scan, vmap, chunked; C = 10 and 100), where the per-layer
 formula it replaces was 1.65-15.6x; 1.2-3.0x for the MNIST MLP (was 1.7-5.2x). Known

@@ -1,14 +1,18 @@
 """Flax NNX models with an explicit featurizer / classifier split, and their pure form.
 
-IRMv1, Fishr, FedSR and FedIIR all act on the split between the featurizer Φ (input →
+Fishr, FedSR and FedIIR act on the split between the featurizer Φ (input →
 representation ``z``) and the final linear classifier ``w`` (``z`` → logits), so every model
 here exposes ``.featurizer`` and ``.classifier`` submodules, and ``FunctionalModel`` turns
 them into pure functions of a parameter pytree (a nested dict with top-level keys
 ``'featurizer'`` and ``'classifier'``) that the engine can ``vmap`` over a client axis.
+``FunctionalModel`` also takes any other NNX module with a ``__call__``: the algorithms
+that only need the full forward pass (FedAvg, FedProx, SCAFFOLD, DP-FedAvg, ...) train
+it; those that need the split refuse it before compiling (``Algorithm.model_for``).
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any, Callable
 
@@ -155,9 +159,18 @@ class ConvNet(nnx.Module):
     return self.classifier(self.featurizer(x))
 
 
+# The submodules of the featurizer / classifier split.
+SPLIT = ("featurizer", "classifier")
+
+
+def _has_split(module) -> bool:
+  return all(hasattr(module, p) for p in SPLIT)
+
+
 @dataclasses.dataclass(frozen=True)
 class FunctionalModel:
-  """Pure-function view of an NNX model with ``featurizer`` / ``classifier`` submodules.
+  """Pure-function view of an NNX model: one with ``featurizer`` / ``classifier``
+  submodules (:attr:`has_split`), or any other module with a ``__call__``.
 
   Attributes:
     factory: ``rngs -> nnx.Module``; called once per ``init``.
@@ -166,7 +179,12 @@ class FunctionalModel:
       :class:`DenseChain` exposing each layer's input and pre-activation, which lets
       per-example statistics of the gradients be computed in closed form (FedILC
       Intra-Geo); None otherwise.
-  Shapes: ``features(params, x[B, ...]) -> z[B, d]``; ``classify(params, z) -> logits[B, K]``.
+  Shapes: ``features(params, x[B, ...]) -> z[B, d]``; ``classify(params, z) -> logits[B, K]``;
+  ``apply(params, x) -> logits[B, K]``. A model without the split is its own featurizer:
+  ``features`` is its whole forward pass (``z`` = the logits, ``d = K``), ``classify``
+  the identity and ``apply`` its ``__call__``, so the algorithms that read only the
+  forward pass train it; those that need the split (a component with ``needs_split``:
+  Fishr, FedSR, FedIIR) refuse it in ``Algorithm.model_for``, before compiling.
   """
   factory: Callable[[nnx.Rngs], nnx.Module]
   graphdef: Any
@@ -177,11 +195,22 @@ class FunctionalModel:
   @classmethod
   def from_factory(cls, factory: Callable[[nnx.Rngs], nnx.Module],
                    dense_chain: "DenseChain | None" = None) -> "FunctionalModel":
+    """``FunctionalModel`` of the module ``factory(rngs)`` builds.
+
+    Args:
+      factory: ``rngs -> nnx.Module``: a module with ``.featurizer`` (``[B, ...] ->
+        [B, d]``) and ``.classifier`` (``[B, d] -> [B, K]``), or any module whose
+        ``__call__`` maps ``[B, ...] -> [B, K]``.
+      dense_chain: optional :class:`DenseChain` of the module (``mlp``).
+
+    Raises:
+      TypeError: the module has neither the featurizer / classifier split nor a
+        ``__call__``.
+    """
     module = factory(nnx.Rngs(0))
-    for part in ("featurizer", "classifier"):
-      if not hasattr(module, part):
-        raise TypeError(f"{type(module).__name__} has no .{part}; models must expose "
-                        "featurizer and classifier submodules.")
+    if not (_has_split(module) or callable(module)):
+      raise TypeError(f"{type(module).__name__} has no __call__ and no .featurizer / "
+                      ".classifier submodules; give it a __call__ ([B, ...] -> [B, K]).")
     graphdef, template = nnx.split(module, nnx.Param)
     return cls(factory, graphdef, template, int(getattr(module, "feature_dim", -1)),
                dense_chain)
@@ -197,15 +226,38 @@ class FunctionalModel:
     nnx.replace_by_pure_dict(state, params)
     return nnx.merge(self.graphdef, state)
 
+  @functools.cached_property
+  def _parts(self) -> tuple:
+    """``(class name, which of 'featurizer' / 'classifier' the module has)``."""
+    m = self._merge(nnx.to_pure_dict(self.template))
+    return type(m).__name__, tuple(p for p in SPLIT if hasattr(m, p))
+
+  @property
+  def module_name(self) -> str:
+    """The module's class name (for messages)."""
+    return self._parts[0]
+
+  @property
+  def split_parts(self) -> tuple:
+    """Which of ``'featurizer'`` and ``'classifier'`` the module has."""
+    return self._parts[1]
+
+  @property
+  def has_split(self) -> bool:
+    """True when the module has both ``.featurizer`` and ``.classifier`` (what Fishr,
+    FedSR and FedIIR need); False for any other module (its ``__call__`` is the model)."""
+    return len(self.split_parts) == len(SPLIT)
+
   def features(self, params: Params, x: jax.Array) -> jax.Array:
-    return self._merge(params).featurizer(x)
+    m = self._merge(params)
+    return m.featurizer(x) if self.has_split else m(x)
 
   def classify(self, params: Params, z: jax.Array) -> jax.Array:
-    return self._merge(params).classifier(z)
+    return self._merge(params).classifier(z) if self.has_split else z
 
   def apply(self, params: Params, x: jax.Array) -> jax.Array:
     m = self._merge(params)
-    return m.classifier(m.featurizer(x))
+    return m.classifier(m.featurizer(x)) if self.has_split else m(x)
 
   def num_params(self) -> int:
     return int(sum(math.prod(l.shape) for l in jax.tree.leaves(nnx.to_pure_dict(self.template))))

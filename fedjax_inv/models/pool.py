@@ -1,7 +1,7 @@
 """Max pooling whose gradient is cheap on every backend.
 
 ``nnx.max_pool`` is ``lax.reduce_window(max)``; its VJP is ``select_and_scatter``, which
-XLA:CPU runs slowly (issue 30: one client's 5 SGD steps of ``models.cnn(1)`` took 110-119 ms
+XLA:CPU runs slowly (one client's 5 SGD steps of ``models.cnn(1)`` took 110-119 ms
 with it; pooling 2×2 by reshape + max took 83 ms, on the 2-core CI machine, JAX 0.10.2).
 :func:`max_pool` computes the same forward values with plain reductions instead:
 
@@ -106,7 +106,7 @@ def max_pool(x: jax.Array, window_shape: Sequence[int], strides: Sequence[int] |
     ValueError: ``x`` without a batch and a channel axis, window/strides of the wrong
       length or non-positive, a bad ``padding``, or a window larger than the padded input.
 
-  Source: issue 30 (a drop-in for ``nnx.max_pool`` in every model of
+  Source: measured on XLA:CPU (a drop-in for ``nnx.max_pool`` in every model of
   ``fedjax_inv.models``).
   """
   nd = x.ndim - 2

@@ -26,7 +26,10 @@ class Task:
     train: the client pool ``ClientData`` (``N`` training clients).
     eval_sets: ``{name: ClientData}`` evaluation sets, e.g. ``{'ood': ...}``; the training
       clients are always evaluated too (as ``train``).
-    model: ``FunctionalModel`` the papers use for this task.
+    model: ``FunctionalModel`` the papers use for this task; for a custom NNX module
+      ``models.FunctionalModel.from_factory(lambda rngs: Net(..., rngs=rngs))`` (any
+      module with a ``__call__``; Fishr, FedSR and FedIIR also need its
+      ``.featurizer`` / ``.classifier`` split).
     info: provenance (paper, data source, split sizes) for ``summary.json``.
     defaults: default run settings (rounds, eval_every, clients_per_round, and client
       hyperparameters) for this task; the optional key ``per_algorithm`` maps an
@@ -103,7 +106,8 @@ def check_task(task: "Task") -> None:
   float targets and one output. Only real (unpadded) rows are checked.
 
   Raises:
-    ValueError: naming the set (``train`` or the evaluation set), the bad value and the fix.
+    ValueError: naming the set (``train`` or the evaluation set), the bad value and the
+      fix; a model that is not a ``FunctionalModel`` (e.g. an ``nnx.Module`` instance).
   """
   import numpy as np
   if task.kind not in KINDS:
@@ -120,6 +124,10 @@ def check_task(task: "Task") -> None:
       raise ValueError(f"Task {task.name!r}: eval set {name!r} has feature shape "
                        f"{data.feature_shape}, train has {task.train.feature_shape}.")
     sets[name] = data
+  if not all(hasattr(task.model, f) for f in ("init", "features", "classify", "apply")):
+    raise ValueError(f"Task {task.name!r}: model must be a models.FunctionalModel, got "
+                     f"{type(task.model).__name__}; wrap an NNX module with models."
+                     "FunctionalModel.from_factory(lambda rngs: Net(..., rngs=rngs)).")
   try:
     k = _output_dim(task.model, task.train.feature_shape)
   except Exception as e:  # a shape error from the model, before any compile

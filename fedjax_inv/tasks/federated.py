@@ -1,4 +1,4 @@
-"""The standard federated datasets at their real client counts (issue 24): ``femnist``
+"""The standard federated datasets at their real client counts: ``femnist``
 (3,400 writers), ``shakespeare`` (715 speaking roles) and ``cifar100_fed`` (500 clients),
 with the models and protocol of Reddi et al. 2021, "Adaptive Federated Optimization"
 (App. B models; App. D: 10 clients per round, 1 local epoch of batch B; evaluation on the
@@ -63,12 +63,18 @@ def _sizes_info(sizes) -> dict:
           "max": int(s.max()), "total": int(s.sum())}
 
 
-def _split_writers(ids, fraction: float, seed: int):
-  """(training writers, held-out writers): a seeded ``fraction`` of the writers is held
-  out whole (FedGMA §5.2 / Fig. 1a; LEAF's ``-t user`` split)."""
+def _check_fraction(fraction) -> None:
+  """ValueError unless ``heldout_writers`` is a fraction in [0, 1) (checked before any
+  data is read)."""
   if not 0.0 <= float(fraction) < 1.0:
     raise ValueError(f"heldout_writers={fraction!r}; use a fraction in [0, 1) of the "
                      "writers to hold out as the 'ood' set (0 = none).")
+
+
+def _split_writers(ids, fraction: float, seed: int):
+  """(training writers, held-out writers): a seeded ``fraction`` of the writers is held
+  out whole (FedGMA §5.2 / Fig. 1a; LEAF's ``-t user`` split)."""
+  _check_fraction(fraction)
   k = int(round(float(fraction) * len(ids)))
   if fraction and k == 0:
     k = 1
@@ -148,6 +154,7 @@ def femnist(data_dir=None, source="auto", download=False, seed=0, num_clients=No
   """
   del download  # the published files are never downloaded
   _check_source(source, "femnist")
+  _check_fraction(heldout_writers)
   train, test, prov = _femnist_clients(data_dir, source, seed, num_clients)
   ids, held = _split_writers(sorted(train), heldout_writers, seed)
   img = lambda x: np.asarray(x, np.float32).reshape(-1, 28, 28, 1)  # noqa: E731

@@ -212,7 +212,7 @@ def fed_cmnist(data_dir=None, source="auto", download=False, seed=0, num_clients
   test). FedGMA's appendix with the exact colors, client counts and k is not in the paper
   text: 10 training clients, 2 test clients and k = 2 are our choices.
   Model: ``models.cnn(3, (32, 64), 10)``. Defaults: 100 rounds, 5 local SGD steps of
-  batch 64 at lr 0.1 (our choice; issue 10: with 2 classes per client, 10 steps at lr 0.1
+  batch 64 at lr 0.1 (our choice: with 2 classes per client, 10 steps at lr 0.1
   drifted so far that the averaged model stayed at chance for 8 rounds on FedRotMNIST;
   measured in ``experiments/fedgma/README.md``).
 
