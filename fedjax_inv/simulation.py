@@ -204,17 +204,6 @@ def build_fused_rounds(round_fn):
       server, cstates, data, key, bad, jnp.int32(first_round), jnp.int32(n))
 
 
-def progress_bar(progress: bool, total: int, desc: str, initial: int = 0):
-  """A tqdm bar over rounds (a context manager). With ``progress=False``, or when stderr
-  is not a terminal (``disable=None``: a bar floods log files), every call on it is a
-  no-op. ``tqdm.std`` (``tqdm.auto`` only when ipywidgets is importable:
-  :func:`fedjax_inv.progress.bar_class`). The training loop itself reports through
-  :class:`fedjax_inv.progress.RunProgress` (plain lines when stderr is not a terminal)."""
-  from fedjax_inv.progress import bar_class
-  return bar_class()(total=total, initial=initial, desc=desc, unit="round", leave=False,
-                     disable=None if progress else True)
-
-
 def advance(round_fn, fused, server, cstates, data, key, bad, first: int, rounds: int,
             stops, rounds_per_call: int):
   """Runs the rounds of one device call starting at round ``first``: up to the next

@@ -27,18 +27,19 @@ from fedjax_inv.data import sources
 
 
 def _mnist_as(name):
+  """``sources.load_dataset`` with real MNIST digits standing in for ``name`` (CIFAR-10's
+  32×32×3 shape)."""
   real = sources.load_dataset("mnist")
+
+  def to3(x):
+    x = np.pad(x, ((0, 0), (2, 2), (2, 2)))
+    return np.repeat(x[..., None], 3, axis=-1)
 
   def load(dataset, **kw):
     if dataset != name:
       return real
-    if name == "cifar10":
-      def to3(x):
-        x = np.pad(x, ((0, 0), (2, 2), (2, 2)))
-        return np.repeat(x[..., None], 3, axis=-1)
-      return dataclasses.replace(real, name=name, x_train=to3(real.x_train),
-                                 x_test=to3(real.x_test), note="MNIST digits as CIFAR")
-    return dataclasses.replace(real, name=name, note="MNIST digits as Fashion-MNIST")
+    return dataclasses.replace(real, name=name, x_train=to3(real.x_train),
+                               x_test=to3(real.x_test), note="MNIST digits as CIFAR")
   return load
 
 
