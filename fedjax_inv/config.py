@@ -64,6 +64,11 @@ RUN_KEYS = {
     "rounds_per_call": (int, "fused rounds: run up to N rounds in one device call (>= 1; "
                              "evaluation, checkpoints and progress at call boundaries); "
                              "default 1"),
+    "pool": (str, "where the training pool lives: device (the whole padded pool on the "
+                  "device) | host (packed on the host, each round's cohort sent to the "
+                  "device while the previous round runs) | auto (device when the padded "
+                  "pool is small, else host); same numbers either way; the choice and its "
+                  "reason are in summary.json; default auto"),
     "replicas": (str, "auto | batched | sequential: run an algorithm's seeds (sweep "
                       "points; --holdout domains of equal size) as one vmapped program "
                       "(batched) or one after another; auto = batched on GPU/TPU, "
@@ -72,6 +77,9 @@ RUN_KEYS = {
                         "rounds/20"),
     "out": (str, "output directory, new or empty (default runs/<task>-<algorithms>-<time>-"
                  "<id>); an existing non-empty one is refused unless --overwrite"),
+    "dry_run": (bool, "check the config, load the task and print the plan (clients, "
+                      "both pool layouts' memory, the runs), then stop: nothing is "
+                      "trained or written; default off"),
     "overwrite": (bool, "replace an earlier fedjax-inv run in --out (never a folder "
                         "fedjax-inv did not write); default off"),
     "resume": (str, "folder of an interrupted run: keep its finished runs, continue the "
@@ -171,6 +179,7 @@ _CHECKS = {
     "execution": ("choice", None),  # None: read when checked (choices(key))
     "devices": ("devices", None), "log": ("loggers", None),
     "replicas": ("choice", ("auto", "batched", "sequential")),
+    "pool": ("choice", ("auto", "device", "host")),
     "source": ("choice", ("auto", "raw", "tfds", "bundled", "synthetic")),
     "reporting": ("choice", ("auto", "none")),
     "validation": ("choice", ("mean", "pooled")),

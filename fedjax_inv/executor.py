@@ -273,6 +273,7 @@ def execute(pl, out, done, rec, progress, stream) -> None:
                 eval_every=pl.eval_every, progress=progress, reporting=pl.rep,
                 rounds_per_call=cfg.get("rounds_per_call") or 1,
                 shard=shard_of(cfg))
+  single_only = dict(pool=cfg.get("pool") or "auto")  # batches keep the pool resident
   # Checkpoints live in the output folder; a process other than 0 of a multi-process run
   # writes no output (out=None) but reads and writes the shared checkpoints there.
   root = pl.checkpoint_root or out
@@ -326,7 +327,7 @@ def execute(pl, out, done, rec, progress, stream) -> None:
         del pl.tasks[k]
     writer = row_writer({0: key})
     try:
-      res = simulation.run(task, pl.built[a], seed=s, **common,
+      res = simulation.run(task, pl.built[a], seed=s, **common, **single_only,
                            callback=None if writer is None else lambda e: writer(0, e),
                            checkpoint_dir=ckpt if every else None, checkpoint_every=every,
                            label=_name(key), load_seconds=load_seconds(pl, [key]))

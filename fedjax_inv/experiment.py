@@ -233,6 +233,8 @@ def run_experiment(cfg: dict, progress: bool = True, overrides=None,
   stream = stream or sys.stdout
   from fedjax_inv import executor
   pl = plan_experiment(cfg, overrides)
+  if cfg.get("dry_run"):
+    return dry_run(pl, stream)
   if not write:
     return _follow(pl, progress, stream)
   out, done = open_output(pl, stream)
@@ -254,6 +256,36 @@ def run_experiment(cfg: dict, progress: bool = True, overrides=None,
   if rec.status == "interrupted":
     raise KeyboardInterrupt(str(out))
   return summary
+
+
+def task_line(pl) -> str:
+  """The line describing the run's task: clients, sizes, evaluation sets, data, where
+  its training pool lives (``simulation.pool_plan``) and the held-out domains."""
+  from fedjax_inv import simulation
+  task = pl.task
+  sizes = [int(v) for v in task.train.n]
+  sizes_txt = (f"sizes {sizes}" if len(sizes) <= 20 else
+               f"sizes {min(sizes)}..{max(sizes)}, median {sorted(sizes)[len(sizes) // 2]}")
+  plan = simulation.pool_plan(task, pl.cfg.get("pool") or "auto")
+  return (f"task {task.name}: {task.train.num_clients} training clients "
+          f"({sizes_txt}), eval sets {list(task.eval_sets)}; "
+          f"data: {task.info.get('data_note', task.info.get('dataset_source', 'generated'))}"
+          f"; pool on the {plan['residency']} (packed {plan['packed_mb']:,.0f} MB, padded "
+          f"{plan['padded_mb']:,.0f} MB: {plan['reason']})"
+          + (f"; held-out domains {pl.holdouts} of {pl.domains}" if pl.domains else ""))
+
+
+def dry_run(pl, stream) -> dict:
+  """``fedjax-inv run --dry-run``: the plan, checked and printed (the task line with
+  both pool layouts' memory, and the runs); nothing trained, compiled or written.
+  Returns ``{'status': 'dry-run', 'runs': N, 'pool': pool_plan(...)}``."""
+  from fedjax_inv import simulation
+  runs = sum(len(pl.labels[a]) for a in pl.algos) * len(pl.seeds) * len(pl.holdouts)
+  print(task_line(pl), file=stream)
+  print(f"{runs} run(s): {', '.join(pl.algos)} x {len(pl.seeds)} seed(s), "
+        f"{pl.rounds} rounds of {pl.cohort} clients; nothing run (--dry-run)", file=stream)
+  return {"status": "dry-run", "runs": runs,
+          "pool": simulation.pool_plan(pl.task, pl.cfg.get("pool") or "auto")}
 
 
 def _follow(pl, progress, stream) -> dict:
@@ -492,6 +524,7 @@ def plan_experiment(cfg: dict, overrides=None, *, task_kwargs=None, seeds=None,
   if extra_hp:  # API overrides: recorded so that the config reproduces the run
     resolved["hp"] = list(resolved.get("hp") or []) + extra_hp
   replicas = cfg.get("replicas") or "auto"
+  _check_host_checkpoints(cfg, task, built)
   return types.SimpleNamespace(
       cfg=cfg, algos=algos, seeds=seeds, task=task, holdouts=holdouts, domains=domains,
       validation=cfg.get("validation") or "mean", split_seed=split_seed,
@@ -524,17 +557,36 @@ def _cohort(cfg: dict, task, domains) -> int:
   return cohort
 
 
+def _check_host_checkpoints(cfg: dict, task, built: dict) -> None:
+  """ValueError (before anything is written) for ``--checkpoint-every`` on a host pool
+  (``simulation.pool_plan``) with an algorithm that keeps per-client state, which a
+  host pool does not checkpoint yet."""
+  from fedjax_inv import simulation
+  if not cfg.get("checkpoint_every"):
+    return
+  if simulation.pool_plan(task, cfg.get("pool") or "auto")["residency"] != "host":
+    return
+  for label, alg in built.items():
+    if any(c.init_client is not None for c in alg.components) or \
+        alg.client_optimizer_state == "persistent":
+      raise ValueError(f"--checkpoint-every: {label} keeps per-client state, which a "
+                       "host pool (--pool host, or auto for this task) does not "
+                       "checkpoint yet; add --pool device, or drop --checkpoint-every.")
+
+
 def _check_multiprocess(cfg: dict) -> None:
   """What a run over several processes (``--coordinator``) does not support yet, and
   what its checkpoints need.
 
   Raises:
-    ValueError: ``--execution probe``, ``--devices N`` or ``--replicas batched``, or
+    ValueError: ``--execution probe``, ``--devices N``, ``--replicas batched`` or
+      ``--pool host``, or
       ``--checkpoint-every`` without ``--out`` (one line naming the flag).
   """
   for key, bad in (("execution", cfg.get("execution") == "probe"),
                    ("devices", cfg.get("devices") not in (None, "all")),
-                   ("replicas", cfg.get("replicas") == "batched")):
+                   ("replicas", cfg.get("replicas") == "batched"),
+                   ("pool", cfg.get("pool") == "host")):
     if bad:
       raise ValueError(f"--{key.replace('_', '-')}: not supported yet in a run over "
                        f"{jax.process_count()} processes (every device of every process "
@@ -609,15 +661,7 @@ def open_output(pl, stream):
   done = _finished(pl, out)
   outputs.write_jsonl(out / "metrics.jsonl", [
       executor.metrics_row(k, e) for k, r in done.items() for e in r["history"]])
-  task = pl.task
-  sizes = [int(v) for v in task.train.n]
-  sizes_txt = (f"sizes {sizes}" if len(sizes) <= 20 else
-               f"sizes {min(sizes)}..{max(sizes)}, median {sorted(sizes)[len(sizes) // 2]}")
-  print(f"task {task.name}: {task.train.num_clients} training clients "
-        f"({sizes_txt}), eval sets {list(task.eval_sets)}; "
-        f"data: {task.info.get('data_note', task.info.get('dataset_source', 'generated'))}"
-        + (f"; held-out domains {pl.holdouts} of {pl.domains}" if pl.domains else "")
-        + f"; writing {out}/", file=stream)
+  print(task_line(pl) + f"; writing {out}/", file=stream)
   return out, done
 
 

@@ -116,8 +116,10 @@ def run_replicas(task, algorithm, *, seeds, rounds: int,
   from fedjax_inv import progress as progress_lib
   started = progress_lib.clock()
   seeds = [int(s) for s in seeds]
+  # a batch of replicas trains on the device pool (a packed pool is padded there)
+  task = simulation.resolve_pool(task, "device")[0]
   if tasks is not None:
-    tasks = list(tasks)
+    tasks = [simulation.resolve_pool(t, "device")[0] for t in tasks]
     if len(tasks) != len(seeds):
       raise ValueError(f"tasks has {len(tasks)} entries for {len(seeds)} seeds; give one "
                        "task per replica.")

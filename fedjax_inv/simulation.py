@@ -58,6 +58,10 @@ class RunResult:
       first device call: compilation plus that call), ``first_round_at_s`` (start of
       the run to the end of its first round), ``round_s`` (median per round after the
       first call); for batched replicas those of the whole batch.
+    pool: where the training pool lived and why (:func:`resolve_pool`):
+      ``residency`` ('device' | 'host'), ``reason``, the packed and padded sizes, and
+      for a host pool the cohort widths compiled, the clients holding state and the
+      seconds spent gathering cohorts.
   """
   history: list
   final: dict
@@ -73,10 +77,11 @@ class RunResult:
   privacy: dict | None = None
   padding: dict | None = None
   timing: dict | None = None
+  pool: dict | None = None
 
   def report(self) -> dict:
     """The reporting part for ``summary.json``: ``selected``, ``last_k_mean``,
-    ``reporting``, ``execution_probe``, ``privacy``, ``padding`` and ``timing`` (keys
+    ``reporting``, ``execution_probe``, ``privacy``, ``padding``, ``timing`` and ``pool`` (keys
     with nothing in them are left out)."""
     out = {}
     if self.selected:
@@ -93,6 +98,8 @@ class RunResult:
       out["padding"] = self.padding
     if self.timing:
       out["timing"] = self.timing
+    if self.pool:
+      out["pool"] = self.pool
     return out
 
 
@@ -273,7 +280,8 @@ def _privacy_record(algorithm, task, num_clients: int, cohort: int, rounds: int)
 
 
 def prepare(task, algorithm, rounds, clients_per_round, execution, chunk_size,
-            eval_every, shard, reporting, rounds_per_call, measure: bool = True):
+            eval_every, shard, reporting, rounds_per_call, measure: bool = True,
+            streamed: bool = False):
   """Checks a run's settings and builds its jitted pieces (shared by :func:`run` and
   ``fedjax_inv.replicas.run_replicas``); every check happens before any compile.
 
@@ -283,6 +291,10 @@ def prepare(task, algorithm, rounds, clients_per_round, execution, chunk_size,
     ``evaluate``, ``predict_fn`` (or None), ``probe`` (how 'auto' / 'probe' / 'rule'
     chose the strategy, :func:`fedjax_inv.auto_strategy.choose`; None for an explicit
     strategy). ``measure=False`` (a batch of replicas): 'auto' takes the fixed rule.
+    ``streamed=True`` (a host pool, :func:`resolve_pool`): the round trains on cohorts
+    gathered on the host (``engine.build_round(streamed=True)``), 'auto' takes the fixed
+    rule and every round is one device call (a fused call would need every round's
+    cohort on the device at once).
 
   Raises:
     ValueError: as :func:`run`.
@@ -313,14 +325,16 @@ def prepare(task, algorithm, rounds, clients_per_round, execution, chunk_size,
   def build(strategy):
     return build_round(model, task.kind, algorithm, num_clients, cohort,
                        execution=strategy, chunk_size=chunk_size, mesh=mesh,
-                       feature_shape=task.train.feature_shape, n_max=task.train.n_max)
+                       feature_shape=task.train.feature_shape, n_max=task.train.n_max,
+                       streamed=streamed)
 
   probe = None
   if execution in auto_strategy.MODES:
     # 'auto' by measurement with a cache, 'probe' (measure now) or 'rule' (the fixed
     # rule); every process of a multi-process run, and a batch of replicas, takes the
     # fixed rule (one program for all; fedjax_inv/auto_strategy.py).
-    mode = execution if measure and jax.process_count() == 1 else "rule"
+    mode = (execution if measure and jax.process_count() == 1 and not streamed
+            else "rule")
     server, cstates = (init_state(algorithm, model.init(0), num_clients)
                        if mode != "rule" else (None, None))
     round_fn, probe = auto_strategy.choose(
@@ -333,7 +347,8 @@ def prepare(task, algorithm, rounds, clients_per_round, execution, chunk_size,
   return types.SimpleNamespace(
       mesh=mesh,
       rounds=rounds, num_clients=num_clients, cohort=cohort, rep=rep, schedule=schedule,
-      model=model, round_fn=round_fn, rounds_per_call=int(rounds_per_call),
+      model=model, round_fn=round_fn,
+      rounds_per_call=1 if streamed else int(rounds_per_call),
       evaluate=evaluate, predict_fn=predict_fn, probe=probe,
       privacy=_privacy_record(algorithm, task, num_clients, cohort, rounds),
       padding=padding_overhead(task.train, algorithm, cohort, round_fn.strategy,
@@ -349,7 +364,7 @@ def run(task, algorithm, *, rounds: int, clients_per_round: int | None = None,
         reporting="auto", checkpoint_dir=None,
         checkpoint_every: int | None = None, rounds_per_call: int = 1,
         loggers=None, run_name: str | None = None, label: str | None = None,
-        load_seconds: float | None = None) -> RunResult:
+        load_seconds: float | None = None, pool: str = "auto") -> RunResult:
   """Trains ``algorithm`` on ``task`` for ``rounds`` rounds.
 
   Args:
@@ -405,6 +420,13 @@ def run(task, algorithm, *, rounds: int, clients_per_round: int | None = None,
       check and the progress bar happen at call boundaries (a call always ends at an
       evaluation or checkpoint round). 1 (default) = one call per round. Results equal
       the per-round loop (``tests/test_fused.py``).
+    pool: where the training pool lives (:func:`resolve_pool`): 'device' (the whole
+      padded ``[N, n_max, ...]`` pool on the device, each round gathers its cohort
+      there), 'host' (a packed pool on the host, each round's cohort gathered, padded to
+      a bucketed width and sent to the device while the previous round runs; per-client
+      state only for clients that took part) or 'auto' (default: 'device' when the
+      padded pool is small, else 'host'). Same numbers either way for the same seed;
+      ``RunResult.pool`` says which and why.
 
   Raises:
     ValueError: ``rounds < 1``, bad cohort, bad strategy, ``clients_per_round`` /
@@ -421,9 +443,22 @@ def run(task, algorithm, *, rounds: int, clients_per_round: int | None = None,
   from fedjax_inv import progress as progress_lib
   started = progress_lib.clock()
   check_checkpoint_every(checkpoint_every)
+  task, pool_record = resolve_pool(task, pool)
+  host = pool_record["residency"] == "host"
   p = prepare(task, algorithm, rounds, clients_per_round, execution, chunk_size,
-              eval_every, shard, reporting, rounds_per_call)
-  server, cstates = init_state(algorithm, p.model.init(seed), p.num_clients)
+              eval_every, shard, reporting, rounds_per_call, streamed=host)
+  round_fn = p.round_fn
+  if host:
+    from fedjax_inv.core.stream import StreamedRound
+    server, one = init_state(algorithm, p.model.init(seed), 1)
+    if one and checkpoint_dir is not None and checkpoint_every:
+      raise ValueError(f"{algorithm.name} keeps per-client state, which a host pool "
+                       "(--pool host) does not checkpoint yet; use --pool device, or run "
+                       "without --checkpoint-every.")
+    round_fn = StreamedRound(p.round_fn, task.train, jax.tree.map(lambda a: a[0], one))
+    cstates = {}
+  else:
+    server, cstates = init_state(algorithm, p.model.init(seed), p.num_clients)
   if loggers:
     from fedjax_inv.loggers import close_all
     name = run_name or f"{algorithm.name}-seed{seed}"
@@ -436,7 +471,7 @@ def run(task, algorithm, *, rounds: int, clients_per_round: int | None = None,
       for lg in loggers:
         lg.log(name, config, e)
   try:
-    out = train_loop(p, p.round_fn, task.train, server, cstates, jax.random.key(seed),
+    out = train_loop(p, round_fn, task.train, server, cstates, jax.random.key(seed),
                      tasks=[task], algorithm=algorithm, batched=False, progress=progress,
                      desc=f"{algorithm.name} on {task.name}",
                      callback=None if callback is None else lambda i, e: callback(e),
@@ -446,9 +481,98 @@ def run(task, algorithm, *, rounds: int, clients_per_round: int | None = None,
   finally:
     if loggers:
       close_all(loggers)
+    if host:
+      pool_record.update(round_fn.record())
+      round_fn.close()
   if isinstance(out, DivergedError):
     raise out
+  out.pool = pool_record
   return out
+
+
+POOLS = ("auto", "device", "host")
+# 'auto' keeps a packed pool's padded layout on the device up to this size (and up to
+# RESIDENT_MAX_FRACTION of the device's memory), and streams it from the host above.
+RESIDENT_MAX_BYTES = 1 << 30
+RESIDENT_MAX_FRACTION = 0.1
+
+
+def _mb(b) -> float:
+  return round(b / 2**20, 1)
+
+
+def resolve_pool(task, pool: str = "auto"):
+  """Where a run's training pool lives: ``(task, record)``.
+
+  Args:
+    task: the run's task; its ``train`` is a resident ``ClientData`` or a packed host
+      pool (``core.packed.PackedPool``: ``femnist`` and pools built with
+      ``pack_client_arrays``).
+    pool: 'device' | 'host' | 'auto'. 'auto' keeps a ``ClientData`` as it is, and puts
+      a packed pool on the device when its padded layout takes at most
+      ``RESIDENT_MAX_BYTES`` and ``RESIDENT_MAX_FRACTION`` of the device's memory
+      (small pools lose nothing), else keeps it on the host (several processes: always
+      the device).
+
+  Returns:
+    the task with its pool in that layout (a packed pool padded for 'device', a
+    ``ClientData`` packed for 'host'; evaluation sets follow a packed training pool),
+    and ``{'residency', 'reason', 'packed_mb', 'padded_mb'}`` for summary.json.
+
+  Raises:
+    ValueError: an unknown ``pool``, or 'host' with several processes.
+  """
+  import dataclasses as dc
+  from fedjax_inv.core.packed import PackedPool
+  rec = pool_plan(task, pool)
+  train = task.train
+  packed = isinstance(train, PackedPool)
+  if rec["residency"] == "device" and packed:
+    sets = {k: v.padded() if isinstance(v, PackedPool) else v
+            for k, v in task.eval_sets.items()}
+    task = dc.replace(task, train=train.padded(), eval_sets=sets)
+  elif rec["residency"] == "host" and not packed:
+    task = dc.replace(task, train=PackedPool.from_client_data(train))
+  return task, rec
+
+
+def pool_plan(task, pool: str = "auto") -> dict:
+  """:func:`resolve_pool`'s decision without moving any data: ``{'residency',
+  'reason', 'packed_mb', 'padded_mb'}`` (the two layouts' sizes of the training pool;
+  ``fedjax-inv run --dry-run`` prints them). Raises ValueError as
+  :func:`resolve_pool`."""
+  from fedjax_inv.config import unknown_name
+  from fedjax_inv.core import memory
+  from fedjax_inv.core.packed import PackedPool
+  if pool not in POOLS:
+    raise unknown_name("--pool", pool, "pool residency", POOLS)
+  train = task.train
+  packed = isinstance(train, PackedPool)
+  if packed:
+    stored, padded = train.stored_bytes(), train.padded_bytes()
+  else:  # the resident layout's real rows, packed as float32
+    n = np.asarray(train.n, np.int64)
+    row = int(np.prod(train.feature_shape, dtype=np.int64)) * 4 + 4
+    stored, padded = int(n.sum()) * row + 8 * (len(n) + 1), len(n) * train.n_max * row
+  rec = {"packed_mb": _mb(stored), "padded_mb": _mb(padded)}
+  if pool == "host" and jax.process_count() > 1:
+    raise ValueError("--pool host runs in one process; several processes shard the "
+                     "cohort of a device pool: use --pool device (or auto).")
+  if pool == "auto":
+    limit = min(RESIDENT_MAX_BYTES, RESIDENT_MAX_FRACTION * memory.device_memory_bytes())
+    if not packed:
+      residency, why = "device", "the task's pool is resident already (a ClientData)"
+    elif jax.process_count() > 1:
+      residency, why = "device", "several processes shard the cohort of a device pool"
+    elif padded <= limit:
+      residency, why = "device", f"the padded layout fits under {limit / 2**20:,.0f} MB"
+    else:
+      residency, why = "host", (f"the padded layout exceeds {limit / 2**20:,.0f} MB: each "
+                                "round's cohort is streamed from the packed pool")
+  else:
+    residency, why = pool, f"asked for (--pool {pool})"
+  rec.update(residency=residency, reason=why)
+  return rec
 
 
 def device_mesh(shard, cohort: int):
@@ -675,7 +799,8 @@ def train_loop(p, round_fn, data, server, cstates, keys, *, tasks, algorithm, ba
             entry.update(evaluate_all(p.evaluate, params, reps.tasks[i], p.rep,
                                       p.predict_fn))
             if personal is not None:
-              states = reps.client_state(cstates, personal.name, i)
+              states = reps.client_state(round_fn.client_states() if hasattr(
+                  round_fn, "client_states") else cstates, personal.name, i)
               entry.update(personal_metrics(
                   p.evaluate, personal, multihost.to_host(states) if multi else states,
                   reps.tasks[i]))

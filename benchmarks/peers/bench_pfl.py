@@ -62,12 +62,49 @@ worker processes of ``resource.getrusage(RUSAGE_SELF).ru_maxrss`` (absolute, tor
 pfl included: about 0.45 GB per process here). Rows carry the harness's peer fields plus
 ``first_round_s``, ``rss_peak_mb``, ``processes`` and ``threads``.
 
+FEMNIST workload (``--models femnist``; ``workload="femnist_fedavg"``, Reddi et al. 2021
+App. D): FedAvg over a pool of 3,400 writers (``--femnist-clients``) whose training-set
+sizes are ``femnist_sizes(3400, seed=0)`` of ``fedjax_inv/data/federated_synthetic.py``
+(loaded from its file by path: it imports numpy only, the package would import jax):
+671,585 examples, 2..475 per writer. Images 28x28x1 are generated with numpy
+(``torch_workload.make_femnist_data``: 62 blob templates + a per-writer shift + uint8
+noise; ~3 s for the whole pool) and stored as **uint8** (NCHW), labels int64 in 0..61;
+the model's first layer converts each batch to float32 / 255, so the pool takes 527 MB
+per worker process and pfl never holds a float32 copy of it. Model: Reddi et al.'s
+EMNIST CNN, as ``fedjax_inv.models.federated.femnist_cnn``: Conv 3x3 32 (valid) ReLU ->
+Conv 3x3 64 ReLU -> MaxPool 2x2 -> Dropout 0.25 -> Flatten -> Dense 128 ReLU -> Dropout
+0.5 -> Dense 62, Glorot-uniform kernels, zero biases; 1,206,590 parameters (asserted).
+pfl configuration, as pfl-research's own FEMNIST benchmark (``benchmarks/dataset/
+femnist.py``): ``FederatedDataset.from_slices({writer: (x uint8 tensor, y int64
+tensor)}, get_user_sampler('random', writers))`` (the per-user in-memory ``Dataset``;
+each writer's tensors are views into one pool tensor, created once), i.e. 10 users a
+round (``--femnist-cohort``) drawn uniformly with replacement by pfl's random sampler;
+``NNTrainHyperParams(local_learning_rate=0.1, local_batch_size=20, local_num_epochs=1)``
+(one pass over the writer's own data in stored order, ceil(n / 20) steps, the last batch
+partial; pfl does not shuffle), client ``torch.optim.SGD``, central
+``torch.optim.SGD(lr=1.0)``, ``WeightByDatapoints`` (FedAvg weighted by examples),
+dropout on in training (pfl's ``loss`` puts the module in train mode), no evaluation in
+the timed rounds (``evaluation_frequency`` > rounds, ``val_cohort_size=None``), the same
+``SimulatedBackend`` / process layouts / timing as above. Its rows carry ``C`` (writers
+a round), ``clients`` = ``pool`` (writers), ``client_updates_per_s`` = C / ``round_s``,
+``setup_s`` (seconds from the worker's process start, i.e. the launcher's ``Popen``, to
+the end of building the pool and the pfl objects: interpreter start, imports and data
+generation included; max over ranks), ``first_round_at_s`` (from process start to the
+end of the first trained round; max over ranks), ``params``, ``examples`` (the pool's),
+``round_times_s`` and ``round_examples`` (per timed round: the slowest rank's time and the
+cohort's examples summed over ranks; random cohorts differ in size, so a round's time
+follows its draw), ``examples_per_s`` (their ratio of sums), ``versions`` and
+``machine`` (cpu model, cores).
+
 ``--check-training`` checks, per model: the parameter count and shapes (fedjax_inv's, in
 torch's layout), one pfl round against the same FedAvg round written out in plain torch
 (same batches; max abs difference ~1e-8), and 20 rounds of 10 clients on a learnable
 synthetic task (x = 0.8 U + 0.2 T_y with a random 0/1 template per class): held-out
 accuracy rises from chance (measured: MLP 0.09 -> 1.00, CNN 0.09 -> 0.33). Exit 1 if a
-check fails.
+check fails. For ``femnist`` (``--check-training --models femnist``): the
+parameter count and ``--check-rounds`` rounds of ``--clients-check`` writers drawn from
+the first 100 of a 120-writer FEMNIST-shaped pool, tested on the other 20 writers (no
+torch reference round: its dropout masks would differ).
 
 Usage:
   bash benchmarks/peers/setup_pfl.sh
@@ -75,6 +112,8 @@ Usage:
       --clients 10,100,1000 --models mlp,cnn --rounds 5 --warmup 1 --json -
   ... bench_pfl.py --configs 1,1x1,2x1 --clients 100        (pick the process layout)
   ... bench_pfl.py --check-training                          (shows that pfl learns)
+  ... bench_pfl.py --models femnist --rounds 10 --budget-s 300 --json -   (FEMNIST)
+  ... bench_pfl.py --models femnist --femnist-clients 200 --rounds 2    (quick smoke)
 """
 from __future__ import annotations
 
@@ -90,8 +129,9 @@ import tempfile
 import time
 import traceback
 
-from torch_workload import (BATCH, EXPECTED_PARAMS, LR, N_PER_CLIENT,
-                            STEPS, WORKLOADS, learnable_task, make_data,
+from torch_workload import (BATCH, EXPECTED_PARAMS, FEMNIST_BATCH, FEMNIST_LR,
+                            FEMNIST_WORKLOAD, LR, N_PER_CLIENT, STEPS, WORKLOADS,
+                            learnable_task, make_data, make_femnist_data,
                             param_count, to_model_layout, torch_body)
 
 # --------------------------------------------------------------------------- shared
@@ -184,6 +224,83 @@ def build_pfl(model: str, X, Y, rounds_total: int, seed: int = 0, callbacks=()):
   return run, pfl_model, module
 
 
+def build_pfl_femnist(pool: dict, cohort: int, rounds_total: int, seed: int = 0,
+                      callbacks=(), examples_log: list | None = None):
+  """The pfl objects for FEMNIST FedAvg over ``pool`` ({writer id: (x uint8 [n, 1, 28,
+  28], y int64 [n]) torch tensors}): ``cohort`` writers a round from pfl's random user
+  sampler, 1 local epoch of batch 20, client SGD lr 0.1, server SGD lr 1.0, weighted by
+  data points. Returns ``(run, pfl_model, torch_module)`` as :func:`build_pfl`;
+  ``examples_log`` (a list) gets the size of every writer this rank is handed."""
+  import numpy as np
+  import torch
+  from pfl.aggregate.simulate import SimulatedBackend
+  from pfl.aggregate.weighting import WeightByDatapoints
+  from pfl.algorithm import FederatedAveraging, NNAlgorithmParams
+  from pfl.data.dataset import Dataset
+  from pfl.data.federated_dataset import FederatedDataset
+  from pfl.data.sampling import get_user_sampler
+  from pfl.hyperparam import NNTrainHyperParams
+  from pfl.model.pytorch import PyTorchModel
+
+  np.random.seed(seed)  # same model, dataset seeds and user draws on every rank
+  torch.manual_seed(seed)
+  module = build_torch_model("femnist")
+  n = param_count(module)
+  assert n == EXPECTED_PARAMS["femnist"], f"femnist CNN has {n} parameters"
+  # As pfl-research's benchmarks/dataset/femnist.py: FederatedDataset.from_slices(pool,
+  # get_user_sampler('random', writers)); written out to count each writer's examples.
+  def make_dataset_fn(user_id):
+    if examples_log is not None:
+      examples_log.append(len(pool[user_id][1]))
+    return Dataset(pool[user_id], user_id=user_id)
+
+  fd = FederatedDataset(make_dataset_fn, get_user_sampler("random", list(pool)))
+  params = [p for p in module.parameters() if p.requires_grad]
+  pfl_model = PyTorchModel(model=module, local_optimizer_create=torch.optim.SGD,
+                           central_optimizer=torch.optim.SGD(params, lr=1.0))
+  backend = SimulatedBackend(training_data=fd, val_data=fd,
+                             postprocessors=[WeightByDatapoints()])
+  algo = FederatedAveraging()
+  algo_params = NNAlgorithmParams(central_num_iterations=rounds_total,
+                                  evaluation_frequency=rounds_total + 1,
+                                  train_cohort_size=cohort, val_cohort_size=None)
+  train_params = NNTrainHyperParams(local_learning_rate=FEMNIST_LR, local_num_epochs=1,
+                                    local_batch_size=FEMNIST_BATCH)
+
+  def run():
+    return algo.run(algorithm_params=algo_params, backend=backend, model=pfl_model,
+                    model_train_params=train_params, callbacks=list(callbacks),
+                    send_metrics_to_platform=False)
+
+  return run, pfl_model, module
+
+
+def femnist_pool(num_clients: int, seed: int = 0) -> dict:
+  """{writer id: (x uint8 [n, 1, 28, 28], y int64 [n])}: torch views into one uint8 pool
+  tensor and one int64 label tensor (``torch_workload.make_femnist_data``)."""
+  import torch
+  x, y, offsets = make_femnist_data(num_clients, seed)
+  X, Y = torch.from_numpy(x), torch.from_numpy(y)  # share the numpy memory
+  return {f"f{i:04d}_{i % 100:02d}": (X[int(offsets[i]):int(offsets[i + 1])],
+                                      Y[int(offsets[i]):int(offsets[i + 1])])
+          for i in range(num_clients)}
+
+
+def machine() -> dict:
+  """CPU model (``/proc/cpuinfo``'s first model name, else ``platform.processor()``) and
+  core count."""
+  cpu = platform.processor() or platform.machine()
+  try:
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        if line.startswith("model name"):
+          cpu = line.split(":", 1)[1].strip()
+          break
+  except OSError:
+    pass
+  return dict(cpu=cpu, cores=os.cpu_count() or 1)
+
+
 def versions() -> dict:
   out = {}
   for mod in ("pfl", "torch", "numpy"):
@@ -208,9 +325,16 @@ def worker_main(a) -> int:
   from pfl.metrics import Metrics
 
   dist = pytorch_ops.distributed  # created at import from PFL_WORKER_* (or single process)
-  x, y = make_data(a.clients, a.seed)
-  X = to_model_layout(a.model, x)
-  del x
+  t0 = a.t0 if a.t0 is not None else time.time()  # the launcher's time at Popen
+  femnist = a.model == "femnist"
+  seen = []  # femnist: sizes of the writers this rank trains, in order
+  if femnist:
+    pool = femnist_pool(a.femnist_clients, a.seed)
+    examples = sum(len(v[1]) for v in pool.values())
+  else:
+    x, y = make_data(a.clients, a.seed)
+    X = to_model_layout(a.model, x)
+    del x
   first_rounds = max(1, a.warmup)
 
   class Timer(TrainingProcessCallback):
@@ -219,6 +343,7 @@ def worker_main(a) -> int:
 
     def __init__(self):
       self.laps, self.stop_after = [], first_rounds + a.rounds
+      self.examples, self.seen_before = [], 0
 
     def on_train_begin(self, *, model):
       self.t = time.perf_counter()
@@ -227,6 +352,10 @@ def worker_main(a) -> int:
     def after_central_iteration(self, aggregate_metrics, model, *, central_iteration):
       now = time.perf_counter()
       self.laps.append(now - self.t)
+      self.examples.append(sum(seen) - self.seen_before)  # this rank's, this round
+      self.seen_before = sum(seen)
+      if central_iteration == 0:
+        self.first_round_at = time.time() - t0
       if central_iteration == 0 and a.rounds > 2:
         first = torch.tensor([self.laps[0]])
         if dist.world_size > 1:
@@ -237,13 +366,22 @@ def worker_main(a) -> int:
       return len(self.laps) >= self.stop_after, Metrics()
 
   timer = Timer()
-  run, _, module = build_pfl(a.model, X, y, first_rounds + a.rounds, a.seed, [timer])
+  if femnist:
+    run, _, module = build_pfl_femnist(pool, a.clients, first_rounds + a.rounds, a.seed,
+                                       [timer], seen)
+  else:
+    run, _, module = build_pfl(a.model, X, y, first_rounds + a.rounds, a.seed, [timer])
+  setup_s = time.time() - t0
   run()
   laps = timer.laps
   res = dict(rank=dist.global_rank, world=dist.world_size, threads=torch.get_num_threads(),
              params=param_count(module), first_round_s=laps[0],
              timed=laps[first_rounds:], ru_maxrss_kb=resource.getrusage(
-                 resource.RUSAGE_SELF).ru_maxrss, **versions())
+                 resource.RUSAGE_SELF).ru_maxrss, setup_s=setup_s,
+             first_round_at_s=timer.first_round_at, **versions())
+  if femnist:
+    res.update(examples=examples, writers=len(pool),
+               timed_examples=timer.examples[first_rounds:len(laps)])
   with open(a.out, "w") as f:
     json.dump(res, f)
   return 0
@@ -295,8 +433,9 @@ def launch(model: str, C: int, procs: int, threads: int, a) -> list[dict]:
       cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--model", model,
              "--clients", str(C), "--threads", str(threads), "--warmup", str(a.warmup),
              "--rounds", str(a.rounds), "--budget-s", str(a.budget_s), "--seed",
-             str(a.seed), "--out", out]
+             str(a.seed), "--femnist-clients", str(a.femnist_clients), "--out", out]
       log = open(os.path.join(tmp, f"rank{r}.log"), "w")
+      cmd += ["--t0", repr(time.time())]  # the worker's process start, for setup_s
       children.append((subprocess.Popen(cmd, env=e, stdout=log, stderr=subprocess.STDOUT),
                        out, log))
     deadline = time.monotonic() + a.timeout_s
@@ -317,6 +456,11 @@ def launch(model: str, C: int, procs: int, threads: int, a) -> list[dict]:
     results, logs = [], []
     for r, (proc, out, log) in enumerate(children):
       log.close()
+      if a.logs:  # keep the workers' full output (pfl's warnings, tracebacks)
+        os.makedirs(a.logs, exist_ok=True)
+        with open(log.name) as f, open(os.path.join(
+            a.logs, f"{model}_C{C}_{procs}x{threads}_rank{r}.log"), "w") as g:
+          g.write(f.read())
       with open(log.name) as f:
         logs.append(f"rank {r}: " + f.read()[-1500:])
       if os.path.exists(out):
@@ -352,6 +496,44 @@ def make_row(model: str, C: int, procs: int, results: list[dict]) -> dict:
               processes=procs, threads=t, ratio_vs_loop=None, note=note)
 
 
+def make_femnist_row(C: int, procs: int, results: list[dict]) -> dict:
+  """The ``femnist_fedavg`` row: the timing of :func:`make_row` plus ``C``, ``setup_s``,
+  ``first_round_at_s`` (max over ranks), ``examples``, per timed round its time and its
+  cohort's examples (summed over ranks), ``examples_per_s``, ``versions``, ``machine``."""
+  r0 = min(results, key=lambda r: r["rank"])
+  n = min(len(r["timed"]) for r in results)
+  times = [max(r["timed"][i] for r in results) for i in range(n)]  # slowest rank
+  ex = [sum(r["timed_examples"][i] for r in results) for i in range(n)]  # all ranks
+  first = max(r["first_round_s"] for r in results)
+  med = statistics.median(times)
+  t = r0["threads"]
+  layout = (f"{t} thread{'s' * (t > 1)}" if procs == 1 else
+            f"{procs} procs x {t} thread{'s' * (t > 1)}")
+  impl = f"pfl {r0['pfl']} (torch {r0['torch'].split('+')[0]}, {layout})"
+  note = ("pfl FederatedAveraging + SimulatedBackend, PyTorchModel, "
+          "FederatedDataset.from_slices (in-memory Dataset per writer, uint8 images), "
+          f"'random' user sampler; {C} of {r0['writers']} writers a round, 1 epoch of "
+          f"batch {FEMNIST_BATCH}, client SGD lr {FEMNIST_LR}, server SGD lr 1.0, "
+          f"WeightByDatapoints; {procs} process{'es' * (procs > 1)} x "
+          f"torch.set_num_threads({t})"
+          + ("; multi-process via PFL_WORKER_ADDRESSES (gloo all-reduce)" if procs > 1
+             else "") + f"; {r0['params']} params; first round includes pfl's "
+          "iteration-0 per-user evaluation")
+  return dict(source="peer", workload=FEMNIST_WORKLOAD, model="femnist_cnn",
+              algorithm="fedavg", C=C, clients=r0["writers"], pool=r0["writers"],
+              examples=r0["examples"], impl=impl, rounds_timed=len(times), round_s=med,
+              round_s_min=min(times), round_s_max=max(times),
+              client_updates_per_s=C / med, round_times_s=times,
+              round_examples=ex, examples_per_s=sum(ex) / sum(times),
+              compile_s=max(0.0, first - med), first_round_s=first,
+              setup_s=max(r["setup_s"] for r in results),
+              first_round_at_s=max(r["first_round_at_s"] for r in results),
+              rss_peak_mb=sum(r["ru_maxrss_kb"] for r in results) / 1024.0,
+              processes=procs, threads=t, params=r0["params"],
+              versions={k: r0[k] for k in ("pfl", "torch", "numpy")}, machine=machine(),
+              note=note)
+
+
 def bench_main(a) -> int:
   cores = os.cpu_count() or 1
   specs = [s for s in a.configs.split(",") if s] if a.configs else (
@@ -362,11 +544,12 @@ def bench_main(a) -> int:
   for spec in specs:
     procs, threads = parse_config(spec, cores)
     for model in models:
-      if model not in WORKLOADS:
-        notes.append(f"unknown model {model!r}; choose from {list(WORKLOADS)}")
+      if model not in WORKLOADS and model != "femnist":
+        notes.append(f"unknown model {model!r}; choose from {list(WORKLOADS)} or "
+                     "'femnist'")
         continue
       last = None
-      for C in clients:
+      for C in ([a.femnist_cohort] if model == "femnist" else clients):
         if last and last[1] * C / last[0] > a.max_round_s:
           notes.append(f"pfl {spec} {model}: C={C} skipped (predicted "
                        f"{last[1] * C / last[0]:.0f} s per round from C={last[0]}, > "
@@ -374,14 +557,17 @@ def bench_main(a) -> int:
           continue
         print(f"  pfl {spec} {model} C={C} ...", file=sys.stderr, flush=True)
         try:
-          r = make_row(model, C, procs, launch(model, C, procs, threads, a))
+          results = launch(model, C, procs, threads, a)
+          r = (make_femnist_row(C, procs, results) if model == "femnist" else
+               make_row(model, C, procs, results))
           rows.append(r)
           last = (C, r["round_s"])
         except Exception as e:  # record the exact error, go on with the other configs
           notes.append(f"pfl {spec} {model}: C={C} failed: {type(e).__name__}: {e}\n"
                        f"{traceback.format_exc(limit=2)}")
           break
-  meta = dict(python=platform.python_version(), cpu_count=cores, **versions())
+  meta = dict(python=platform.python_version(), cpu_count=cores,
+              cpu=machine()["cpu"], **versions())
   try:
     meta["loadavg"] = os.getloadavg()
   except OSError:
@@ -395,7 +581,7 @@ def bench_main(a) -> int:
       f.write(text)
   else:
     for r in rows:
-      print(f"{r['workload']:11s} {r['impl']:40s} C={r['clients']:<6d} "
+      print(f"{r['workload']:14s} {r['impl']:40s} C={r.get('C', r['clients']):<6d} "
             f"{r['round_s']:.4g} s/round ({r['client_updates_per_s']:.0f} updates/s, "
             f"first {r['first_round_s']:.3g} s, peak RSS {r['rss_peak_mb']:.0f} MB)")
     for n in notes:
@@ -429,6 +615,46 @@ def reference_round(model: str, module0, X, Y, seed: int = 0):
   return g + acc / X.shape[0]
 
 
+def femnist_check(a) -> dict:
+  """FEMNIST: the parameter count, and ``--check-rounds`` pfl rounds of
+  ``--clients-check`` writers from the first 100 of a 120-writer FEMNIST-shaped pool,
+  tested on the other 20 writers' examples (held-out writers, their own shifts)."""
+  import torch
+  from pfl.data.dataset import Dataset
+  from pfl.hyperparam import NNEvalHyperParams
+  pool = femnist_pool(120, a.seed)
+  ids = list(pool)
+  train = {k: pool[k] for k in ids[:100]}
+  test = Dataset((torch.cat([pool[k][0] for k in ids[100:]]),
+                  torch.cat([pool[k][1] for k in ids[100:]])))
+  run, pfl_model, module = build_pfl_femnist(train, a.clients_check, a.check_rounds,
+                                             a.seed)
+  n = param_count(module)
+  ev = NNEvalHyperParams(local_batch_size=500)
+
+  def acc():
+    md = {str(k): v.overall_value for k, v in pfl_model.evaluate(test, eval_params=ev)}
+    return md["accuracy"], md["loss"]
+
+  acc0, loss0 = acc()
+  t0 = time.perf_counter()
+  run()
+  secs = time.perf_counter() - t0
+  acc1, loss1 = acc()
+  c = dict(model="femnist", params=n, expected_params=EXPECTED_PARAMS["femnist"],
+           param_shapes=[tuple(p.shape) for p in module.parameters()],
+           clients=a.clients_check, pool=100, test_examples=len(test),
+           rounds=a.check_rounds, test_acc_before=acc0, test_acc_after=acc1,
+           test_loss_before=loss0, test_loss_after=loss1, train_seconds=secs)
+  c["ok"] = n == EXPECTED_PARAMS["femnist"] and acc1 > acc0 + 0.2
+  print(f"femnist: {n} params (expected {EXPECTED_PARAMS['femnist']})\n  "
+        f"{a.check_rounds} rounds x {a.clients_check} writers: test accuracy (20 "
+        f"held-out writers, {len(test)} examples) {acc0:.3f} -> {acc1:.3f}, loss "
+        f"{loss0:.3f} -> {loss1:.3f} ({secs:.1f} s)  {'OK' if c['ok'] else 'FAIL'}", file=sys.stderr,
+        flush=True)
+  return c
+
+
 def check_main(a) -> int:
   import torch
   if a.threads > 0:
@@ -438,6 +664,11 @@ def check_main(a) -> int:
   out = dict(meta=dict(python=platform.python_version(), **versions()), checks=[])
   ok = True
   for model in [m for m in a.models.split(",") if m]:
+    if model == "femnist":  # no torch reference round: dropout draws differ
+      c = femnist_check(a)
+      ok &= c["ok"]
+      out["checks"].append(c)
+      continue
     # 1. the torch model has fedjax_inv's layer shapes
     m = build_torch_model(model)
     shapes = [tuple(p.shape) for p in m.parameters()]
@@ -496,7 +727,15 @@ def check_main(a) -> int:
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--clients", default="10,100", help="comma list of cohort sizes")
-  p.add_argument("--models", default="mlp,cnn", help="comma list from mlp,cnn")
+  p.add_argument("--models", default="mlp,cnn",
+                 help="comma list from mlp,cnn,femnist (femnist: the FEMNIST FedAvg "
+                      "workload; it ignores --clients, see --femnist-*)")
+  p.add_argument("--femnist-clients", type=int, default=3400,
+                 help="femnist: writers in the pool (sizes femnist_sizes(N, seed))")
+  p.add_argument("--femnist-cohort", type=int, default=10,
+                 help="femnist: writers sampled a round (C)")
+  p.add_argument("--logs", default=None,
+                 help="folder to keep every worker's full stdout/stderr in")
   p.add_argument("--configs", default=None,
                  help="comma list of process layouts 'P' or 'PxT' (P pfl worker "
                       "processes x T torch threads; 'P' = cores // P threads, '1' = "
@@ -523,6 +762,7 @@ def main(argv=None) -> int:
   p.add_argument("--threads", type=int, default=0,
                  help="torch threads in --check-training (0: torch's default)")
   p.add_argument("--out", default=None, help=argparse.SUPPRESS)
+  p.add_argument("--t0", type=float, default=None, help=argparse.SUPPRESS)
   a = p.parse_args(argv)
   if a.rounds < 1 or a.warmup < 0:
     p.error(f"--rounds {a.rounds} / --warmup {a.warmup}: use rounds >= 1, warmup >= 0")

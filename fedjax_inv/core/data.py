@@ -79,6 +79,29 @@ def from_client_arrays(xs: Sequence[np.ndarray], ys: Sequence[np.ndarray],
       non-numeric dtype, NaN/inf in x or y, or ``n_max`` smaller than the largest client.
       (Labels are checked against the task kind by ``fedjax_inv.tasks.Task``.)
   """
+  check_client_arrays(xs, ys)
+  xs = [np.asarray(x) for x in xs]
+  ys = [np.asarray(y) for y in ys]
+  shape = xs[0].shape[1:]
+  sizes = np.array([x.shape[0] for x in xs], np.int32)
+  biggest = int(sizes.max())
+  n_max = biggest if n_max is None else int(n_max)
+  if n_max < biggest:
+    raise ValueError(f"from_client_arrays: n_max={n_max} < largest client ({biggest}); "
+                     "raise n_max or leave it None.")
+  y_dtype = np.float32 if np.issubdtype(ys[0].dtype, np.floating) else np.int32
+  x_out = np.zeros((len(xs), n_max) + shape, np.float32)
+  y_out = np.zeros((len(xs), n_max), y_dtype)
+  for i, (x, y) in enumerate(zip(xs, ys)):
+    x_out[i, : len(x)] = x
+    y_out[i, : len(y)] = y
+  return ClientData(x=jnp.asarray(x_out), y=jnp.asarray(y_out), n=jnp.asarray(sizes))
+
+
+def check_client_arrays(xs: Sequence[np.ndarray], ys: Sequence[np.ndarray]) -> None:
+  """The checks of :func:`from_client_arrays` (and of ``core.packed.pack_client_arrays``):
+  raises ValueError for no clients, an empty client, mismatched lengths or feature
+  shapes, a non-numeric dtype, or NaN/inf in x or y, naming the client and the fix."""
   if len(xs) == 0:
     raise ValueError("from_client_arrays: got 0 clients; pass one array per client.")
   if len(xs) != len(ys):
@@ -107,19 +130,6 @@ def from_client_arrays(xs: Sequence[np.ndarray], ys: Sequence[np.ndarray],
     if y.shape[0] != x.shape[0]:
       raise ValueError(f"from_client_arrays: client {i} has {x.shape[0]} inputs but "
                        f"{y.shape[0]} labels.")
-  sizes = np.array([x.shape[0] for x in xs], np.int32)
-  biggest = int(sizes.max())
-  n_max = biggest if n_max is None else int(n_max)
-  if n_max < biggest:
-    raise ValueError(f"from_client_arrays: n_max={n_max} < largest client ({biggest}); "
-                     "raise n_max or leave it None.")
-  y_dtype = np.float32 if np.issubdtype(ys[0].dtype, np.floating) else np.int32
-  x_out = np.zeros((len(xs), n_max) + shape, np.float32)
-  y_out = np.zeros((len(xs), n_max), y_dtype)
-  for i, (x, y) in enumerate(zip(xs, ys)):
-    x_out[i, : len(x)] = x
-    y_out[i, : len(y)] = y
-  return ClientData(x=jnp.asarray(x_out), y=jnp.asarray(y_out), n=jnp.asarray(sizes))
 
 
 def padding_overhead(data: ClientData, algorithm, cohort: int, execution: str,

@@ -205,7 +205,8 @@ def build_round(model, kind: str, algorithm: Algorithm, num_clients: int,
                 clients_per_round: int, execution: str = "auto",
                 chunk_size: int | None = None, mesh: Mesh | None = None,
                 jit: bool = True, unroll: int | None = None,
-                feature_shape: tuple | None = None, n_max: int | None = None) -> Callable:
+                feature_shape: tuple | None = None, n_max: int | None = None,
+                streamed: bool = False) -> Callable:
   """Builds one federated round as a single (jitted) function.
 
   Args:
@@ -224,6 +225,14 @@ def build_round(model, kind: str, algorithm: Algorithm, num_clients: int,
     feature_shape: per-example input shape; with ``n_max`` it enables the memory
       estimate (``core/memory.py``) before compiling.
     n_max: padded examples per client.
+    streamed: False (default): ``data`` and ``client_states`` are the whole pool
+      (``[N, n_max, ...]`` and ``[N, ...]``) and the round gathers its cohort from
+      them. True: they are the round's cohort only, in sampling order (slot ``j`` holds
+      pool client ``metrics['clients'][j]``: ``[slots, width, ...]`` and ``[slots,
+      ...]``), gathered on the host by ``core.stream.StreamedRound``; the returned client
+      states are the cohort's new states in the same slot order (the host scatters
+      them). ``round_fn.sample(round, key) -> [slots]`` gives the cohort of a round
+      before it runs. Same numbers as the resident pool for the same seed.
 
   Returns:
     ``round_fn(server: ServerState, client_states: dict, data: ClientData, key) ->
@@ -270,16 +279,19 @@ def build_round(model, kind: str, algorithm: Algorithm, num_clients: int,
 
   def round_fn(server: ServerState, client_states: dict, data: ClientData, key):
     idx, ckeys, flags = parts.sample(server, key)
+    # The data row of each slot: the pool row (resident), or the slot (streamed cohort).
+    rows = jnp.arange(slots, dtype=jnp.int32) if streamed else (
+        jnp.minimum(idx, num_clients - 1) if masked else idx)
     if sort_by_size:  # size buckets: chunks of similar sizes run similar step counts
-      order = jnp.argsort(-data.n[jnp.minimum(idx, num_clients - 1)], stable=True)
-      idx, ckeys = idx[order], ckeys[order]
+      order = jnp.argsort(-data.n[rows], stable=True)
+      idx, ckeys, rows = idx[order], ckeys[order], rows[order]
       flags = jax.tree.map(lambda a: a[order], flags)
     # Clients read their rows of the device-resident pool inside the map (a dynamic slice
     # per client under 'scan'), so the cohort's data is never copied as a whole: at
     # C=10,000 MNIST clients that copy was 1.9 GiB per round. An empty Poisson slot
     # (index N) reads row N-1 and weighs 0; its state is not written back.
-    rows = jnp.minimum(idx, num_clients - 1) if masked else idx
-    xs = (idx, data.n[rows], jax.tree.map(lambda a: a[rows], client_states), ckeys, flags)
+    xs = (idx, data.n[rows], jax.tree.map(lambda a: a[rows], client_states), ckeys, flags,
+          rows)
     extras = server.extras
     if parts.pre_client is not None:
       pre_strategy, pre_chunk = strategy, chunk
@@ -300,6 +312,13 @@ def build_round(model, kind: str, algorithm: Algorithm, num_clients: int,
       new_cstates, stacked = outs
       sums = {**sums, **stacked}
     new_server, metrics = parts.finish(server, extras, sums, key)
+    if streamed:  # the cohort's new states, back in slot order, for the host to scatter
+      client_states = jax.tree.map(lambda old, new: old.at[rows].set(new),
+                                   client_states, new_cstates)
+      if masked:
+        metrics["cohort_size"] = jnp.sum(idx < num_clients)
+      metrics["clients"] = idx
+      return new_server, client_states, metrics
     if masked:
       client_states = jax.tree.map(lambda pool, new: pool.at[idx].set(new, mode="drop"),
                                    client_states, new_cstates)
@@ -310,9 +329,14 @@ def build_round(model, kind: str, algorithm: Algorithm, num_clients: int,
     metrics["clients"] = idx
     return new_server, client_states, metrics
 
+  def sample_fn(round_, key):  # the cohort of round ``round_`` (0-based server round)
+    return parts.sample(_RoundOnly(jnp.asarray(round_, jnp.int32)), key)[0]
+
   round_fn.strategy = strategy
   round_fn.chunk_size = (strategy_lib.largest_divisor_at_most(slots, chunk)
                          if strategy == "chunked" else None)
+  round_fn.sample = sample_fn
+  round_fn.slots = slots
   if not jit:
     return round_fn
   jitted = jax.jit(round_fn, donate_argnums=(1,))
@@ -320,7 +344,14 @@ def build_round(model, kind: str, algorithm: Algorithm, num_clients: int,
   wrapper.strategy = strategy
   wrapper.chunk_size = round_fn.chunk_size
   wrapper.jitted = jitted
+  wrapper.sample = jax.jit(sample_fn)
+  wrapper.slots = slots
   return wrapper
+
+
+class _RoundOnly(NamedTuple):
+  """What a round's sampler reads of the server state: its round counter."""
+  round: Any
 
 
 class RoundParts(NamedTuple):
@@ -329,11 +360,13 @@ class RoundParts(NamedTuple):
   :func:`map_reduce`; the benchmarks' ``LoopRound`` (``fedjax_inv.benchmarks.loop_round``)
   compiles them one by one and loops in Python.
 
-  ``inp = (i, n, cs, k, flags)``: a sampled client's pool index (int32), its size
+  ``inp = (i, n, cs, k, flags[, r])``: a sampled client's pool index (int32), its size
   (int32), its persistent state (no client axis: ``{component: state}``, plus
   ``CLIENT_OPT_STATE``: its client-chain state when
   ``client_optimizer_state='persistent'``), its key and its round flags (``{}``, or
-  ``{'attacker': bool}`` under an attack).
+  ``{'attacker': bool}`` under an attack), and optionally the row of ``data`` holding
+  its examples (default: row ``i``, or ``N - 1`` for an empty slot; a streamed cohort
+  passes its slot).
     sample(server, key) -> (idx [C] int32, ckeys [C] keys, flags {name: [C]});
     pre_client(server, data, inp) -> {component: lifted pre-stage message} (None when no
       component has a pre-stage);
@@ -510,10 +543,14 @@ def round_parts(model, kind: str, algorithm: Algorithm, num_clients: int,
 
   sample = make_sampler(algorithm, num_clients, clients_per_round)
 
+  def data_row(inp):  # the slot's data row (engine: inp[5]); the pool row otherwise
+    return inp[5] if len(inp) > 5 else row(inp[0])
+
   def pre_client(server, data, inp):
     i, n, cs, k = inp[:4]
     ctx = ctx_of(server, dict(server.extras), split_state(cs)[0])
-    batch = full_batch(data.x[row(i)], data.y[row(i)], n)
+    r = data_row(inp)
+    batch = full_batch(data.x[r], data.y[r], n)
     w = weight_of(n, i)
     return {c.name: lifted(c.pre_aggregator or mean_agg, c.pre_message(
         model, kind, server.params, batch, ctx, jax.random.fold_in(k, 1)), w, i)
@@ -527,8 +564,9 @@ def round_parts(model, kind: str, algorithm: Algorithm, num_clients: int,
     return extras
 
   def client(server, extras, data, inp):
-    i, n, cs, k, flags = inp
-    x, y = data.x[row(i)], data.y[row(i)]
+    i, n, cs, k, flags = inp[:5]
+    r = data_row(inp)
+    x, y = data.x[r], data.y[r]
     if attack is not None and attack.name == "label_flip":  # data poisoning
       y = jnp.where(flags["attacker"], adversary.flip_labels(y, attack.num_classes), y)
     comp_cs, opt_state = split_state(cs)

@@ -10,6 +10,7 @@ import numpy as np
 
 from fedjax_inv.core import losses
 from fedjax_inv.core.data import ClientData
+from fedjax_inv.core.packed import PackedPool
 from fedjax_inv.core.engine import eval_logits_fn
 
 
@@ -55,6 +56,9 @@ def build_evaluator(model, kind: str, algorithm=None, eval_batch: int = 2048,
   Padded examples (past ``n[i]``) have no influence on any output, even when their
   inputs or labels hold inf/NaN: they are zeroed before the forward pass and dropped
   with ``where`` (:func:`masked_example_sums`).
+  ``data`` may also be a packed host pool (``core.packed.PackedPool``): it is evaluated
+  in chunks of about ``CHUNK_ROWS`` examples, never padded as a whole (same per-client
+  sums up to float32 summation order).
   ``evaluate.each(params, data)`` evaluates client ``i`` with its own ``params[i]``
   (leading client axis ``[N, ...]``): personalized models (Ditto).
   """
@@ -124,7 +128,55 @@ def build_evaluator(model, kind: str, algorithm=None, eval_batch: int = 2048,
     ls, cs = jax.lax.map(one_block, (x, y, seg))
     return jnp.sum(ls, 0)[:num_clients], jnp.sum(cs, 0)[:num_clients]
 
+  def _packed(params, pool) -> dict:
+    """A packed pool (``core.packed.PackedPool``) in chunks of about ``CHUNK_ROWS``
+    examples, never materializing its padded layout: its rows as they are stored
+    (deterministic prediction), or chunks of clients padded to the pool's ``n_max``
+    (stochastic prediction: the same per-client blocks and keys as the resident
+    layout). Per-client sums, as :func:`evaluate` returns for the resident layout."""
+    N, n = pool.num_clients, pool.n
+    loss = np.zeros(N, np.float64)
+    right = np.zeros(N, np.float64)
+    if ragged:
+      b = min(eval_batch, pool.total)
+      rows = max(1, CHUNK_ROWS // b) * b
+      client_of = np.repeat(np.arange(N, dtype=np.int32), n)
+      for s in range(0, pool.total, rows):
+        e = min(s + rows, pool.total)
+        x = pool.decode(np.asarray(pool.x[s:e]))
+        y, seg = np.asarray(pool.y[s:e]), client_of[s:e]
+        pad = rows - (e - s) if pool.total > rows else (-(e - s)) % b
+        if pad:
+          x = np.concatenate([x, np.zeros((pad,) + x.shape[1:], x.dtype)])
+          y = np.concatenate([y, np.zeros((pad,), y.dtype)])
+          seg = np.concatenate([seg, np.full(pad, N, np.int32)])
+        blocks = (-1, b)
+        ls, cs = _eval_flat(params, jnp.asarray(x.reshape(blocks + x.shape[1:])),
+                            jnp.asarray(y.reshape(blocks)), jnp.asarray(seg.reshape(blocks)),
+                            num_clients=N)
+        loss += np.asarray(ls, np.float64)
+        right += np.asarray(cs, np.float64)
+    else:
+      block = min(eval_batch, pool.n_max)
+      width = pool.n_max + (-pool.n_max) % block
+      k = max(1, min(N, CHUNK_ROWS // width))
+      for s in range(0, N, k):
+        idx = np.arange(s, s + k)
+        real = idx < N
+        x, y, nn = pool.gather(np.minimum(idx, N - 1), width)
+        nn = np.where(real, nn, 0).astype(np.int32)
+        ls, cs = _eval(params, jnp.asarray(pool.decode(x)), jnp.asarray(y),
+                       jnp.asarray(nn), block=block)
+        loss[idx[real]] = np.asarray(ls)[real]
+        right[idx[real]] = np.asarray(cs)[real]
+    out = {"loss_sum": loss.astype(np.float32), "n": np.asarray(n)}
+    if kind != "regression":
+      out["correct"] = np.rint(right).astype(np.float32)
+    return out
+
   def evaluate(params, data: ClientData) -> dict:
+    if isinstance(data, PackedPool):
+      return _packed(params, data)
     if ragged and _padding(data) > RAGGED_ABOVE:
       x, y, seg = _flat_blocks(data, eval_batch)
       loss_sum, correct = _eval_flat(params, x, y, seg, num_clients=data.num_clients)
@@ -140,6 +192,8 @@ def build_evaluator(model, kind: str, algorithm=None, eval_batch: int = 2048,
     pytree with a leading client axis ``[N, ...]``, ``N = data.num_clients``): the
     personal models of Ditto (Li et al. 2021: personalized accuracy). Same output as
     ``evaluate``. Raises ValueError when the leading axis is not ``N``."""
+    if isinstance(data, PackedPool):
+      data = data.padded()
     lead = {a.shape[0] for a in jax.tree.leaves(params)}
     if lead != {data.num_clients}:
       raise ValueError(f"per-client parameters with leading axis {sorted(lead)} for "
@@ -154,6 +208,9 @@ def build_evaluator(model, kind: str, algorithm=None, eval_batch: int = 2048,
 # Evaluation packs the clients' real rows (no padding) when the set's padded slots exceed
 # its real examples by more than this factor (``N * n_max / sum(n)``).
 RAGGED_ABOVE = 1.5
+# A packed pool (``core.packed.PackedPool``) is evaluated in chunks of about this many
+# examples (a few hundred MB of float32 images at most: bounded memory for any pool).
+CHUNK_ROWS = 1 << 16
 _FLAT_CACHE: dict = {}
 
 

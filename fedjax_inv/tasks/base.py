@@ -14,6 +14,9 @@ from typing import Callable
 from fedjax_inv import models
 from fedjax_inv.core.algorithm import registry as algorithm_registry
 from fedjax_inv.core.data import ClientData
+from fedjax_inv.core.packed import PackedPool
+
+POOL_TYPES = (ClientData, PackedPool)
 
 
 @dataclasses.dataclass
@@ -23,8 +26,10 @@ class Task:
   Attributes:
     name: registry name.
     kind: 'binary' | 'multiclass' | 'regression'.
-    train: the client pool ``ClientData`` (``N`` training clients).
-    eval_sets: ``{name: ClientData}`` evaluation sets, e.g. ``{'ood': ...}``; the training
+    train: the client pool (``N`` training clients): a resident ``ClientData``, or a
+      packed host pool (``core.packed.PackedPool``) that a run keeps on the host or
+      pads onto the device (``simulation.resolve_pool``).
+    eval_sets: ``{name: ClientData or PackedPool}`` evaluation sets, e.g. ``{'ood': ...}``; the training
       clients are always evaluated too (as ``train``).
     model: ``FunctionalModel`` the papers use for this task; for a custom NNX module
       ``models.FunctionalModel.from_factory(lambda rngs: Net(..., rngs=rngs))`` (any
@@ -112,14 +117,15 @@ def check_task(task: "Task") -> None:
   import numpy as np
   if task.kind not in KINDS:
     raise ValueError(f"Task {task.name!r}: kind={task.kind!r}; choose one of {KINDS}.")
-  if not isinstance(task.train, ClientData):
+  if not isinstance(task.train, POOL_TYPES):
     raise ValueError(f"Task {task.name!r}: train must be a ClientData (use "
-                     f"from_client_arrays), got {type(task.train).__name__}.")
+                     f"from_client_arrays) or a PackedPool (pack_client_arrays), got "
+                     f"{type(task.train).__name__}.")
   sets = {"train": task.train}
   for name, data in dict(task.eval_sets).items():
-    if not isinstance(data, ClientData):
+    if not isinstance(data, POOL_TYPES):
       raise ValueError(f"Task {task.name!r}: eval set {name!r} must be a ClientData (use "
-                       f"from_client_arrays), got {type(data).__name__}.")
+                       f"from_client_arrays) or a PackedPool, got {type(data).__name__}.")
     if data.feature_shape != task.train.feature_shape:
       raise ValueError(f"Task {task.name!r}: eval set {name!r} has feature shape "
                        f"{data.feature_shape}, train has {task.train.feature_shape}.")
@@ -141,7 +147,8 @@ def check_task(task: "Task") -> None:
                      "this one has 1. Use kind='binary' for two classes with one logit.")
   for name, data in sets.items():
     y, n = np.asarray(data.y), np.asarray(data.n)
-    real = y[np.arange(y.shape[1])[None, :] < n[:, None]]
+    real = y if isinstance(data, PackedPool) else y[np.arange(y.shape[1])[None, :] <
+                                                    n[:, None]]
     if task.kind == "regression":
       if not np.issubdtype(real.dtype, np.floating):
         raise ValueError(f"Task {task.name!r}: kind 'regression' needs float targets; "

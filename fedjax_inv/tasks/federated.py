@@ -84,15 +84,61 @@ def _split_writers(ids, fraction: float, seed: int):
           [c for i, c in enumerate(ids) if i in out])
 
 
-def _femnist_clients(data_dir, source: str, seed: int, num_clients):
-  """``(train {id: (x, y)}, test {id: (x, y)}, provenance)``, x float32 [n, 28, 28]."""
+def _pack(clients: dict, ids, reshape):
+  """Per-writer ``{id: (x, y)}`` -> a packed pool in ``ids`` order: 8-bit when every
+  pixel is a multiple of 1/255 (EMNIST's are), else float32."""
+  from fedjax_inv.core import packed
+  xs = [reshape(clients[c][0]) for c in ids]
+  ys = [np.asarray(clients[c][1], np.int32) for c in ids]
+  eight = all(packed.lossless(x, np.rint(x.astype(np.float64) * 255), 255.0) for x in xs)
+  return packed.pack_client_arrays(xs, ys, ids=tuple(ids),
+                                   x_dtype=np.uint8 if eight else np.float32,
+                                   divisor=255.0 if eight else 1.0)
+
+
+def _synthetic_femnist(num_clients: int, seed: int):
+  """``(train, test, cache folder)``: packed pools of the synthetic FEMNIST, from the
+  pool cache (``core.packed.cache_root()/pools``, keyed by generator version, seed and
+  writer count) when built before, else generated and cached (memory-mapped either
+  way; None for the folder when the cache is off or not writable)."""
+  from fedjax_inv.core import packed
+  from fedjax_inv.data import federated_synthetic as syn
+  root = packed.cache_root()
+  key = f"femnist-synthetic-v{syn.FEMNIST_VERSION}-seed{int(seed)}-n{int(num_clients)}"
+  folder = None if root is None else root / "pools" / key
+  if folder is not None and (folder / "test" / "pool.json").is_file():
+    try:
+      return (packed.PackedPool.load(folder / "train"),
+              packed.PackedPool.load(folder / "test"), str(folder))
+    except (OSError, ValueError):
+      folder = None  # damaged: rebuilt in memory, the folder left as it is
+  _, train, test = syn.femnist_pools(num_clients, seed)
+  if folder is None:
+    return train, test, None
+  try:
+    for name, pool in (("train", train), ("test", test)):
+      if not (folder / name / "pool.json").is_file():
+        pool.save(folder / name)
+    return (packed.PackedPool.load(folder / "train"),
+            packed.PackedPool.load(folder / "test"), str(folder))
+  except OSError:  # a read-only or full cache, or another run writing it: from memory
+    return train, test, None
+
+
+def _femnist_pools(data_dir, source: str, seed: int, num_clients):
+  """``(train, test, provenance)``: packed pools (``core.packed.PackedPool``) of
+  28×28×1 images with writer ids; ``test`` may hold writers ``train`` has not (LEAF's
+  user split)."""
   from fedjax_inv.data import federated_files as ff
   from fedjax_inv.data import federated_synthetic as syn
+  img = lambda x: np.asarray(x, np.float32).reshape(-1, 28, 28, 1)  # noqa: E731
   if source == "synthetic":
-    d = syn.femnist(num_clients or syn.FEMNIST_CLIENTS, seed)
-    return d["train"], d["test"], {"dataset_source": "synthetic", "data_note": (
-        f"synthetic FEMNIST-shaped pool ({len(d['train'])} writers, sizes after TFF's "
-        "totals and LEAF's spread; generated images, not EMNIST)")}
+    n = int(num_clients or syn.FEMNIST_CLIENTS)
+    train, test, cached = _synthetic_femnist(n, seed)
+    return train, test, {"dataset_source": "synthetic", "data_note": (
+        f"synthetic FEMNIST-shaped pool ({n} writers, sizes after TFF's "
+        "totals and LEAF's spread; generated 8-bit images, not EMNIST)"),
+        "pool_cache": cached}
   layout, paths = _files(data_dir, "femnist", "femnist")
   if layout == "hdf5":
     train, test = ff.read_tff_emnist(paths["train"]), ff.read_tff_emnist(paths["test"])
@@ -103,8 +149,37 @@ def _femnist_clients(data_dir, source: str, seed: int, num_clients):
     keep = sorted(train)[:int(num_clients)]
     train = {c: train[c] for c in keep}
     test = {c: v for c, v in test.items() if c in train or layout == "leaf"}
-  return train, test, {"dataset_source": f"{layout}: {paths['train']}",
-                       "data_note": f"FEMNIST from {layout} files in {data_dir}"}
+  return (_pack(train, sorted(train), img), _pack(test, sorted(test), img),
+          {"dataset_source": f"{layout}: {paths['train']}",
+           "data_note": f"FEMNIST from {layout} files in {data_dir}"})
+
+
+def _writers(pool, ids):
+  """``pool``'s clients ``ids`` (writer ids), as a packed pool (``pool`` itself when
+  that is all of them, in order)."""
+  if tuple(ids) == tuple(pool.ids):
+    return pool
+  where = {c: i for i, c in enumerate(pool.ids)}
+  return pool.subset([where[c] for c in ids])
+
+
+def _joined(train, test, ids):
+  """Each writer of ``ids``: its training rows then its test rows (if any), packed."""
+  from fedjax_inv.core.packed import PoolWriter
+  tr = {c: i for i, c in enumerate(train.ids)}
+  te = {c: i for i, c in enumerate(test.ids)}
+  parts = [[(p, m[c]) for p, m in ((train, tr), (test, te)) if c in m] for c in ids]
+  sizes = [sum(int(p.n[i]) for p, i in ps) for ps in parts]
+  w = PoolWriter(sizes, train.feature_shape, train.x.dtype, train.y.dtype, train.divisor,
+                 tuple(ids))
+  for j, ps in enumerate(parts):
+    a = int(w.offsets[j])
+    for p, i in ps:
+      s, e = int(p.offsets[i]), int(p.offsets[i + 1])
+      w.x[a:a + e - s], w.y[a:a + e - s] = p.x[s:e], p.y[s:e]
+      a += e - s
+    w._done[j] = True
+  return w.pool()
 
 
 def _clientdata(clients: dict, ids, reshape=None):
@@ -135,7 +210,11 @@ def femnist(data_dir=None, source="auto", download=False, seed=0, num_clients=No
 
   Model: :func:`fedjax_inv.models.federated.femnist_cnn` (Reddi et al. App. B, Table 5:
   two 3×3 convolutions, max pool, dropout 0.25, dense 128, dropout 0.5, dense 62).
-  Inputs ``[n, 28, 28, 1]`` float32 as stored (TFF: 1.0 is the background).
+  Sets are packed host pools (``core.packed.PackedPool``): 8-bit pixels when every value
+  is a multiple of 1/255 (EMNIST's are), decoded to ``[n, 28, 28, 1]`` float32 in [0, 1]
+  (TFF: 1.0 is the background); a run keeps them on the host or pads them onto the
+  device (``simulation.resolve_pool``). The synthetic pool is cached (memory-mapped) under
+  ``core.packed.cache_root()``.
   Defaults (Reddi et al. App. D, EMNIST CR): 1,500 rounds of 10 clients, 1 local epoch
   of batch 20, client SGD lr 0.1 (their FedAvg grid's best, 10^-1), server lr 1.
 
@@ -155,19 +234,16 @@ def femnist(data_dir=None, source="auto", download=False, seed=0, num_clients=No
   del download  # the published files are never downloaded
   _check_source(source, "femnist")
   _check_fraction(heldout_writers)
-  train, test, prov = _femnist_clients(data_dir, source, seed, num_clients)
-  ids, held = _split_writers(sorted(train), heldout_writers, seed)
-  img = lambda x: np.asarray(x, np.float32).reshape(-1, 28, 28, 1)  # noqa: E731
-  with_test = [c for c in ids if c in test]  # none under LEAF's user split
-  eval_sets = {"test": _clientdata(test, with_test, img)} if with_test else {}
-  ood = {c: test[c] for c in sorted(set(test) - set(train))}  # LEAF's user split
-  for c in held:
-    x = np.concatenate([train[c][0]] + ([test[c][0]] if c in test else []))
-    y = np.concatenate([train[c][1]] + ([test[c][1]] if c in test else []))
-    ood[c] = (x, y)
+  train, test, prov = _femnist_pools(data_dir, source, seed, num_clients)
+  ids, held = _split_writers(list(train.ids), heldout_writers, seed)
+  in_test = set(test.ids)
+  with_test = [c for c in ids if c in in_test]  # none under LEAF's user split
+  eval_sets = {"test": _writers(test, with_test)} if with_test else {}
+  # LEAF's user split (test writers never trained on), and the held-out writers whole
+  ood = sorted((in_test - set(train.ids)) | set(held))
   if ood:
-    eval_sets["ood"] = _clientdata(ood, sorted(ood), img)
-  data = _clientdata(train, ids, img)
+    eval_sets["ood"] = _joined(train, test, ood)
+  data = _writers(train, ids)
   from fedjax_inv.models.federated import femnist_cnn
   sizes = np.asarray(data.n)
   info = {**prov, "paper": "Reddi et al. 2021 App. B-D (EMNIST CR)",
