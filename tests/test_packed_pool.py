@@ -304,3 +304,13 @@ def test_cli_refuses_checkpoints_of_client_state_on_a_host_pool_before_writing(t
                    "num_clients=6", "--pool", "host", "--algorithm", "scaffold",
                    "--checkpoint-every", "1", "--out", str(out)]) == 2
   assert not out.exists()
+
+
+def test_validation_split_of_a_packed_task_equals_the_resident_one():
+  from fedjax_inv.tasks import with_validation
+  pool = _pool()
+  a = with_validation(_task(pool), 0.2, seed=4)
+  b = with_validation(Task("packed", "binary", pool.padded(), {}, _task(pool).model, {}),
+                      0.2, seed=4)
+  chex.assert_trees_all_equal(a.train, b.train)
+  chex.assert_trees_all_equal(a.eval_sets["val"], b.eval_sets["val"])

@@ -203,7 +203,8 @@ def with_validation(task: Task, fraction: float = 0.1, seed: int = 0) -> Task:
   already has a ``'val'`` set (the domain tasks' 90/10 split) is returned unchanged.
 
   Args:
-    task: the task; its ``train`` is ``[N, n_max, ...]``.
+    task: the task; its ``train`` is ``[N, n_max, ...]`` (a packed pool is padded
+      first: the split's sets are resident).
     fraction: validation share of each client, in (0, 0.5].
     seed: seeds the split (use the run's seed: the split is part of the data draw).
 
@@ -226,7 +227,8 @@ def with_validation(task: Task, fraction: float = 0.1, seed: int = 0) -> Task:
                      "(0.1 = DomainBed's 10% of each training client).")
   import numpy as np
   from fedjax_inv.core.data import from_client_arrays
-  x, y, n = (np.asarray(a) for a in (task.train.x, task.train.y, task.train.n))
+  train = task.train.padded() if isinstance(task.train, PackedPool) else task.train
+  x, y, n = (np.asarray(a) for a in (train.x, train.y, train.n))
   rng = np.random.default_rng([int(seed), 0x7A1])
   xs, ys, vxs, vys = [], [], [], []
   for i, ni in enumerate(n):
