@@ -455,7 +455,13 @@ def run(task, algorithm, *, rounds: int, clients_per_round: int | None = None,
       raise ValueError(f"{algorithm.name} keeps per-client state, which a host pool "
                        "(--pool host) does not checkpoint yet; use --pool device, or run "
                        "without --checkpoint-every.")
-    round_fn = StreamedRound(p.round_fn, task.train, jax.tree.map(lambda a: a[0], one))
+    split = None
+    if (p.round_fn.strategy == "scan" and p.mesh is None and p.cohort > 1 and
+        jax.default_backend() == "cpu" and HOST_SPLIT):
+      from fedjax_inv.core.engine import build_split_round
+      split = build_split_round(p.model, task.kind, algorithm, p.num_clients, p.cohort)
+    round_fn = StreamedRound(p.round_fn, task.train, jax.tree.map(lambda a: a[0], one),
+                             split=split)
     cstates = {}
   else:
     server, cstates = init_state(algorithm, p.model.init(seed), p.num_clients)
@@ -491,6 +497,9 @@ def run(task, algorithm, *, rounds: int, clients_per_round: int | None = None,
 
 
 POOLS = ("auto", "device", "host")
+# A host pool's 'scan' round on one CPU device runs as two programs at once
+# (``engine.build_split_round``); False: one program.
+HOST_SPLIT = True
 # 'auto' keeps a packed pool's padded layout on the device up to this size (and up to
 # RESIDENT_MAX_FRACTION of the device's memory), and streams it from the host above.
 RESIDENT_MAX_BYTES = 1 << 30

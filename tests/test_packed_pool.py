@@ -162,6 +162,36 @@ def test_host_pool_trains_like_the_device_pool(strategy, which):
   assert max(b.pool["cohort_widths"]) <= task.train.n_max
   stateful = which == "scaffold"
   assert (b.pool["clients_with_state"] > 0) == stateful
+  # on one CPU device a 'scan' round runs as two programs at once (two host threads)
+  assert b.pool["programs_at_once"] == (2 if strategy == "scan" else 1)
+  _same_runs(a, b)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: make_algorithm("fediir", client_lr=0.3, local_steps=2, batch_size=4),
+    lambda: make_algorithm("fedavg", client_lr=0.3, local_steps=2, batch_size=4,
+                           aggregator="median")], ids=["pre_stage", "gathered"])
+def test_whole_cohort_algorithms_stay_one_program_on_the_host(make):
+  """A pre-stage (FedIIR's gradient mean) or a robust aggregator needs the whole cohort
+  in one program: no split, same numbers as the device pool."""
+  task = _task(_pool())
+  run = dict(rounds=2, clients_per_round=4, eval_every=1, progress=False, seed=2,
+             execution="scan")
+  a = simulation.run(task, make(), pool="device", **run)
+  b = simulation.run(task, make(), pool="host", **run)
+  assert b.pool["programs_at_once"] == 1
+  _same_runs(a, b)
+
+
+def test_split_host_round_equals_one_program(monkeypatch):
+  alg = make_algorithm("scaffold", client_lr=0.3, local_epochs=1, batch_size=4)
+  task = _task(_pool(2))
+  run = dict(rounds=3, clients_per_round=5, eval_every=1, progress=False, seed=1,
+             execution="scan", pool="host")
+  a = simulation.run(task, alg, **run)
+  monkeypatch.setattr(simulation, "HOST_SPLIT", False)
+  b = simulation.run(task, alg, **run)
+  assert (a.pool["programs_at_once"], b.pool["programs_at_once"]) == (2, 1)
   _same_runs(a, b)
 
 

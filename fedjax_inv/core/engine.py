@@ -349,6 +349,52 @@ def build_round(model, kind: str, algorithm: Algorithm, num_clients: int,
   return wrapper
 
 
+def build_split_round(model, kind: str, algorithm: Algorithm, num_clients: int,
+                      clients_per_round: int, unroll: int | None = None):
+  """A streamed round (``build_round(streamed=True)``) cut into programs that host
+  threads run at the same time, for one CPU device: XLA:CPU runs one program's small
+  convolutions on its cores with little parallel work to share, and two programs side by
+  side use them better (measured on 2 cores: two FEMNIST CNN trainings at once take
+  0.75-0.81× the time of one after the other; a FEMNIST round, 1.81 -> 1.41 s).
+
+  Returns ``(sample, partial, finish)``, all jitted, or None when the algorithm has a
+  pre-stage or a gathered (robust) aggregator, which need the whole cohort in one
+  program:
+
+  * ``sample(round, key) -> (idx [slots], client keys, flags)``: the round's draw, as in
+    ``build_round``;
+  * ``partial(server, client_states, data, idx, ckeys, flags) -> (sums, new states)``:
+    local training of a group of the cohort (``data``, ``client_states``: that group's
+    rows, ``[G, ...]``), its lifted messages summed (``map_reduce`` 'scan');
+  * ``finish(server, sums, key) -> (server, metrics)``: the server step on the sums of
+    every group (``RoundParts.finish``).
+
+  The groups' sums add up to the one-program round's up to float32 summation order.
+  """
+  parts = round_parts(model, kind, algorithm, num_clients, clients_per_round)
+  if parts.pre_client is not None or parts.gathered:
+    return None
+  unroll = strategy_lib.SCAN_UNROLL if unroll is None else int(unroll)
+  masked = masked_slots(algorithm)
+
+  def partial(server, cstates, data, idx, ckeys, flags):
+    rows = jnp.arange(idx.shape[0], dtype=jnp.int32)
+    xs = (idx, data.n, cstates, ckeys, flags, rows)
+    return map_reduce(lambda inp: parts.client(server, server.extras, data, inp), xs,
+                      "scan", unroll=unroll)
+
+  def finish(server, sums, idx, key):
+    new_server, metrics = parts.finish(server, server.extras, sums, key)
+    if masked:
+      metrics["cohort_size"] = jnp.sum(idx < num_clients)
+    metrics["clients"] = idx
+    return new_server, metrics
+
+  def sample(round_, key):
+    return parts.sample(_RoundOnly(jnp.asarray(round_, jnp.int32)), key)
+  return jax.jit(sample), jax.jit(partial), jax.jit(finish)
+
+
 class _RoundOnly(NamedTuple):
   """What a round's sampler reads of the server state: its round counter."""
   round: Any

@@ -150,13 +150,22 @@ class StreamedRound:
     prefetch: gather the next round's cohort in a background thread while the current
       round runs (double buffering).
 
+    split: ``engine.build_split_round``'s programs, or None. With them (one CPU device,
+      'scan'), the cohort is cut into two groups of equal counts and similar sizes, each
+      trained by its own program from its own host thread at the same time, then summed
+      and finished by one program (same numbers up to float32 summation order).
+
   Attributes ``strategy`` and ``chunk_size`` are the engine round's; ``widths`` the
   padded cohort widths used so far (each is one compiled round program).
   """
 
   def __init__(self, round_fn, pool: PackedPool, init_states: dict, prefetch: bool = True,
-               state_budget_bytes: int = STATE_BUDGET_BYTES):
+               state_budget_bytes: int = STATE_BUDGET_BYTES, split=None):
     self.round_fn, self.pool = round_fn, pool
+    # engine.build_split_round's (sample, partial, finish): the cohort in two groups of
+    # balanced sizes, trained by two programs at once from two host threads
+    self.split = split
+    self._workers = concurrent.futures.ThreadPoolExecutor(2) if split else None
     self.strategy, self.chunk_size = round_fn.strategy, round_fn.chunk_size
     self.store = ClientStateStore(init_states, pool.num_clients, state_budget_bytes)
     self.widths: set[int] = set()
@@ -166,7 +175,35 @@ class StreamedRound:
     self._divisor = jnp.float32(pool.divisor)
     self.gather_s = 0.0
 
+  def _groups(self, r: int, key):
+    """The round's draw cut into two groups: slots ordered by size, dealt 0, 1, 1, 0, 0,
+    1, ... (equal counts, similar work), each gathered at its own width."""
+    import time
+    t = time.perf_counter()
+    sample, _, _ = self.split
+    idx, ckeys, flags = sample(jnp.int32(r), key)
+    host_idx = np.asarray(idx)
+    n = self.pool.n[np.minimum(host_idx, self.pool.num_clients - 1)]
+    order = np.argsort(-n, kind="stable")
+    deal = np.array([0, 1, 1, 0])[np.arange(len(order)) % 4]
+    groups = []
+    for g in (0, 1):
+      sel = np.sort(order[deal == g])
+      if not len(sel):
+        continue
+      width = bucket_width(int(n[sel].max()), self.pool.n_max)
+      x, y, ng = self.pool.gather(host_idx[sel], width)
+      pos = jnp.asarray(sel)
+      data = ClientData(x=_decode(jax.device_put(x), self._divisor), y=jax.device_put(y),
+                        n=jax.device_put(ng))
+      groups.append((sel, host_idx[sel], width, data, idx[pos], ckeys[pos],
+                     jax.tree.map(lambda a: a[pos], flags)))
+    self.gather_s += time.perf_counter() - t
+    return idx, host_idx, groups
+
   def _cohort(self, r: int, key):
+    if self.split is not None:
+      return self._groups(r, key)
     import time
     t = time.perf_counter()
     idx = np.asarray(self.round_fn.sample(jnp.int32(r), key))
@@ -188,10 +225,32 @@ class StreamedRound:
       self._pending = (r + 1, self._pool.submit(self._cohort, r + 1, key))
     return out
 
+  def _split_call(self, server, key):
+    _, partial, finish = self.split
+    idx, host_idx, groups = self._take(self._round, key)
+
+    def run(group, states):
+      _, _, _, data, gidx, gkeys, gflags = group
+      return jax.block_until_ready(partial(server, states, data, gidx, gkeys, gflags))
+    futures = []
+    for g in groups:
+      self.widths.add(g[2])
+      futures.append(self._workers.submit(run, g, self.store.gather(g[1])))
+    outs = [f.result() for f in futures]
+    sums = jax.tree.map(lambda *a: sum(a[1:], a[0]), *[o[0] for o in outs])
+    server, metrics = finish(server, sums, idx, key)
+    if not self.store.empty:
+      for g, (_, new_states) in zip(groups, outs):
+        self.store.scatter(g[1], jax.device_get(new_states))
+    self._round += 1
+    return server, {}, metrics
+
   def __call__(self, server, client_states, data, key):
     del client_states, data  # the pool and the states are held here
     if self._round is None:
       self._round = int(server.round)
+    if self.split is not None:
+      return self._split_call(server, key)
     idx, width, cohort = self._take(self._round, key)
     self.widths.add(width)
     states = self.store.gather(idx)
@@ -211,9 +270,11 @@ class StreamedRound:
             "clients_with_state": int(self.store.count),
             "client_state_mb": round(self.store.nbytes() / 2**20, 1),
             "client_state_spilled": bool(self.store.spilled),
-            "host_gather_s": round(self.gather_s, 3)}
+            "host_gather_s": round(self.gather_s, 3),
+            "programs_at_once": 2 if self.split is not None else 1}
 
   def close(self) -> None:
-    if self._pool is not None:
-      self._pool.shutdown(wait=True)
+    for ex in (self._pool, self._workers):
+      if ex is not None:
+        ex.shutdown(wait=True)
     self.store.close()
