@@ -79,6 +79,21 @@ SCRIPT = textwrap.dedent("""
                               feature_shape=feat, n_max=n_max)
       out["auto_" + name] = [rf.strategy, rf.chunk_size]
 
+    # A packed host pool on the 8 devices: each round's cohort is sent and sharded over
+    # the mesh (not the pool); the same numbers as the sharded device pool.
+    from fedjax_inv import simulation
+    from fedjax_inv.tasks import Task
+    task = Task("s", "multiclass", data, {}, model, {})
+    alg2 = make_algorithm("scaffold", client_lr=0.2, local_steps=3, batch_size=4)
+    kw = dict(rounds=2, clients_per_round=16, eval_every=1, progress=False,
+              execution="vmap", seed=0)
+    a = simulation.run(task, alg2, pool="device", **kw)
+    b = simulation.run(task, alg2, pool="host", **kw)
+    out["host_pool"] = [b.pool["residency"], b.pool["programs_at_once"],
+                        b.pool["clients_with_state"]]
+    out["host_pool_diff"] = max(jax.tree.leaves(jax.tree.map(
+        lambda u, v: float(jnp.max(jnp.abs(u - v))), a.params, b.params)))
+
     # 100,000 clients sharded by client over the 8 devices; 1,000 sampled per round.
     N = 100_000
     pool = ClientData(x=jax.random.normal(jax.random.key(1), (N, 4, 8)),
@@ -201,3 +216,13 @@ def test_100k_client_pool_single_device_stays_on_device():
   a, b = (np.asarray(s) for s in seen)
   assert np.unique(a).size == 1000 and not np.array_equal(np.sort(a), np.sort(b))
   assert max_abs_diff(server.params, p0) > 1e-4
+
+
+@pytest.mark.multiprocess  # the 8-device subprocess (result())
+def test_host_pool_on_eight_devices_equals_the_device_pool():
+  """A packed host pool with a mesh: the streamed cohort's client axis is sharded like
+  the resident one's, one program per round, per-client state kept on the host."""
+  r = result()
+  residency, programs, with_state = r["host_pool"]
+  assert (residency, programs) == ("host", 1) and with_state > 0
+  assert r["host_pool_diff"] < 1e-5
