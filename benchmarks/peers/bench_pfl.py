@@ -176,14 +176,9 @@ def build_pfl(model: str, X, Y, rounds_total: int, seed: int = 0, callbacks=()):
   with cohort = pool = C. Every rank must call this with the same arguments."""
   import numpy as np
   import torch
-  from pfl.aggregate.simulate import SimulatedBackend
-  from pfl.aggregate.weighting import WeightByDatapoints
-  from pfl.algorithm import FederatedAveraging, NNAlgorithmParams
   from pfl.data.dataset import Dataset
   from pfl.data.federated_dataset import FederatedDataset
   from pfl.data.sampling import get_user_sampler
-  from pfl.hyperparam import NNTrainHyperParams
-  from pfl.model.pytorch import PyTorchModel
 
   C = X.shape[0]
   # Identical initial model and sampler seeds on every rank (each applies the same
@@ -204,6 +199,19 @@ def build_pfl(model: str, X, Y, rounds_total: int, seed: int = 0, callbacks=()):
     return Dataset((X[user_id, idx], Y[user_id, idx]), user_id=str(user_id))
 
   fd = FederatedDataset(make_dataset_fn, get_user_sampler("minimize_reuse", list(range(C))))
+  return (*_fedavg(module, fd, C, rounds_total, LR, BATCH, callbacks), module)
+
+
+def _fedavg(module, fd, cohort: int, rounds_total: int, lr: float, batch: int, callbacks):
+  """``(run, pfl_model)``: pfl's FedAvg over the federated dataset ``fd`` (a central
+  SGD at lr 1.0, data-point weighting, no evaluation before ``rounds_total``), ``cohort``
+  users a round, 1 local epoch of ``batch`` at client lr ``lr``."""
+  import torch
+  from pfl.aggregate.simulate import SimulatedBackend
+  from pfl.aggregate.weighting import WeightByDatapoints
+  from pfl.algorithm import FederatedAveraging, NNAlgorithmParams
+  from pfl.hyperparam import NNTrainHyperParams
+  from pfl.model.pytorch import PyTorchModel
   params = [p for p in module.parameters() if p.requires_grad]
   pfl_model = PyTorchModel(model=module, local_optimizer_create=torch.optim.SGD,
                            central_optimizer=torch.optim.SGD(params, lr=1.0))
@@ -212,16 +220,16 @@ def build_pfl(model: str, X, Y, rounds_total: int, seed: int = 0, callbacks=()):
   algo = FederatedAveraging()
   algo_params = NNAlgorithmParams(central_num_iterations=rounds_total,
                                   evaluation_frequency=rounds_total + 1,
-                                  train_cohort_size=C, val_cohort_size=None)
-  train_params = NNTrainHyperParams(local_learning_rate=LR, local_num_epochs=1,
-                                    local_batch_size=BATCH)
+                                  train_cohort_size=cohort, val_cohort_size=None)
+  train_params = NNTrainHyperParams(local_learning_rate=lr, local_num_epochs=1,
+                                    local_batch_size=batch)
 
   def run():
     return algo.run(algorithm_params=algo_params, backend=backend, model=pfl_model,
                     model_train_params=train_params, callbacks=list(callbacks),
                     send_metrics_to_platform=False)
 
-  return run, pfl_model, module
+  return run, pfl_model
 
 
 def build_pfl_femnist(pool: dict, cohort: int, rounds_total: int, seed: int = 0,
@@ -233,14 +241,9 @@ def build_pfl_femnist(pool: dict, cohort: int, rounds_total: int, seed: int = 0,
   ``examples_log`` (a list) gets the size of every writer this rank is handed."""
   import numpy as np
   import torch
-  from pfl.aggregate.simulate import SimulatedBackend
-  from pfl.aggregate.weighting import WeightByDatapoints
-  from pfl.algorithm import FederatedAveraging, NNAlgorithmParams
   from pfl.data.dataset import Dataset
   from pfl.data.federated_dataset import FederatedDataset
   from pfl.data.sampling import get_user_sampler
-  from pfl.hyperparam import NNTrainHyperParams
-  from pfl.model.pytorch import PyTorchModel
 
   np.random.seed(seed)  # same model, dataset seeds and user draws on every rank
   torch.manual_seed(seed)
@@ -255,24 +258,8 @@ def build_pfl_femnist(pool: dict, cohort: int, rounds_total: int, seed: int = 0,
     return Dataset(pool[user_id], user_id=user_id)
 
   fd = FederatedDataset(make_dataset_fn, get_user_sampler("random", list(pool)))
-  params = [p for p in module.parameters() if p.requires_grad]
-  pfl_model = PyTorchModel(model=module, local_optimizer_create=torch.optim.SGD,
-                           central_optimizer=torch.optim.SGD(params, lr=1.0))
-  backend = SimulatedBackend(training_data=fd, val_data=fd,
-                             postprocessors=[WeightByDatapoints()])
-  algo = FederatedAveraging()
-  algo_params = NNAlgorithmParams(central_num_iterations=rounds_total,
-                                  evaluation_frequency=rounds_total + 1,
-                                  train_cohort_size=cohort, val_cohort_size=None)
-  train_params = NNTrainHyperParams(local_learning_rate=FEMNIST_LR, local_num_epochs=1,
-                                    local_batch_size=FEMNIST_BATCH)
-
-  def run():
-    return algo.run(algorithm_params=algo_params, backend=backend, model=pfl_model,
-                    model_train_params=train_params, callbacks=list(callbacks),
-                    send_metrics_to_platform=False)
-
-  return run, pfl_model, module
+  return (*_fedavg(module, fd, cohort, rounds_total, FEMNIST_LR, FEMNIST_BATCH, callbacks),
+          module)
 
 
 def femnist_pool(num_clients: int, seed: int = 0) -> dict:
