@@ -241,12 +241,15 @@ def cmd_run(args) -> int:
 def cmd_list(args) -> int:
   """``fedjax-inv list``: every registered task and algorithm with its paper, then the
   names ``--aggregator``, ``--attack`` and ``--execution`` accept (``config.choices``).
-  ``args`` is unused; returns 0 and raises nothing."""
+  ``args.starting``: also where each task's starting values come from. Returns 0 and
+  raises nothing."""
   from fedjax_inv.algorithms import registry
   from fedjax_inv.tasks import task_registry
   print("Tasks:")
   for name, e in sorted(task_registry().items()):
     print(f"  {name:24s} {e.summary}  [{e.paper}]")
+    if getattr(args, "starting", False) and e.starting:
+      print(f"  {'':24s} starting values: {e.starting}")
   print("\nAlgorithms:")
   for name, e in sorted(registry().items()):
     print(f"  {name:24s} {e.summary}  [{e.paper}]")
@@ -373,7 +376,10 @@ def main(argv=None) -> int:
       "shift (FedILC, Invariant FedAvg, FedSR, FedGMA, FedIIR and baselines).")
   sub = parser.add_subparsers(dest="command")
   _run_parser(sub)
-  sub.add_parser("list", help="list tasks and algorithms")
+  ls = sub.add_parser("list", help="list tasks and algorithms")
+  ls.add_argument("--starting", action="store_true",
+                  help="also say where each task's starting values come from (the paper, "
+                       "our choice, or a search and the data it was scored on)")
   hp = sub.add_parser("hparams", help="an algorithm's defaults, a task's values and the "
                       "search space of run --search")
   hp.add_argument("algorithm", help="registered algorithm name (fedjax-inv list): "

@@ -93,7 +93,9 @@ RUN_KEYS = {
                        "heldout_writers=0.1 or max_examples=500; the task's docstring "
                        "(fedjax-inv list) names them; default none"),
     "source": (str, "data source: auto | raw | tfds | bundled | synthetic (femnist, "
-                    "shakespeare, cifar100_fed: a generated pool of the real shape); "
+                    "shakespeare, cifar100_fed: a generated pool of the real shape) | hf "
+                    "(femnist, shakespeare, cifar100_fed, task hf: the Hugging Face hub's "
+                    "copy through Flower Datasets; pip install 'fedjax_inv[hf]'); "
                     "default auto"),
     "download": (bool, "download missing raw data (opt-in; short timeout); default off"),
     "hp": (list, "algorithm hyperparameter NAME=VALUE, or ALGORITHM.NAME=VALUE for one "
@@ -180,7 +182,7 @@ _CHECKS = {
     "devices": ("devices", None), "log": ("loggers", None),
     "replicas": ("choice", ("auto", "batched", "sequential")),
     "pool": ("choice", ("auto", "device", "host")),
-    "source": ("choice", ("auto", "raw", "tfds", "bundled", "synthetic")),
+    "source": ("choice", ("auto", "raw", "tfds", "bundled", "synthetic", "hf")),
     "reporting": ("choice", ("auto", "none")),
     "validation": ("choice", ("mean", "pooled")),
     "dp_clip": ("float", None), "dp_noise_multiplier": ("float", None),

@@ -677,7 +677,7 @@ def write_summary(pl, out, rec, stream) -> dict:
   ok = [r for r in runs if r.get("status", "ok") == "ok"]
   extra, printed_extra = report_columns(task, pl.rep, pl.rounds)
   metrics = _final_metrics(task) + extra + _personal_columns(ok)
-  table = outputs.comparison_table(ok, metrics, rlib.column_value)
+  table = outputs.comparison_table(runs, metrics, rlib.column_value)
   if len(pl.names) * len(seeds) == 1 and runs:
     summary = {k: v for k, v in runs[0].items() if k != "history"}
   else:
@@ -742,7 +742,7 @@ def _write_lodo_summary(pl, out, rec, stream) -> dict:
   outputs.write_json(out / "summary.json", summary)
   if result["runs"]:
     failed = "".join(f"\n{r['algorithm']} seed {r['seed']} holdout {r['holdout']}: "
-                     f"diverged at round {r['diverged_round']} (left out of the table)\n"
+                     f"diverged at round {r['diverged_round']} (counted in the table as not finite)\n"
                      for r in rec.runs if r.get("status") == "diverged")
     md = lodo.format_lodo_markdown(result)
     outputs.write_text_atomic(out / "results.md", md + "\n" + failed)
@@ -753,7 +753,7 @@ def _write_lodo_summary(pl, out, rec, stream) -> dict:
 
 def _write_tables(pl, out, runs, ok, table, metrics, printed_extra, stream) -> None:
   failed = "".join(f"\n{r['algorithm']} seed {r['seed']}: diverged at round "
-                   f"{r['diverged_round']} (left out of the table)\n"
+                   f"{r['diverged_round']} (counted in the table as not finite)\n"
                    for r in runs if r.get("status") == "diverged")
   outputs.write_text_atomic(out / "results.md",
                             outputs.format_table(table, metrics) + "\n" + failed)

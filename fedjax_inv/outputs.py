@@ -10,6 +10,7 @@ import contextlib
 import csv
 import io
 import json
+import math
 import os
 import pathlib
 import shutil
@@ -140,9 +141,42 @@ def _jsonable(o):
   return str(o)
 
 
+# The project's one convention for "mean ± std over seeds": the sample standard deviation
+# (ddof 1), over the finite values only; the count of finite values is shown beside it
+# whenever a seed diverged (format_mean_std), never dropped silently.
+DDOF = 1
+
+
+def finite(values) -> list[float]:
+  """The finite entries of ``values`` (``None``, NaN and ±inf are a diverged run's)."""
+  return [float(x) for x in values if x is not None and np.isfinite(x)]
+
+
 def mean_std(values) -> tuple[float, float]:
-  v = np.asarray(values, np.float64)
-  return float(v.mean()), float(v.std(ddof=0)) if len(v) > 1 else 0.0
+  """``(mean, std)`` over the finite entries of ``values`` (shape ``[seeds]``; ``None``
+  / NaN / inf mark a diverged seed and are left out; :func:`format_mean_std` shows how
+  many). ``std`` is the sample standard deviation (``ddof=1``, :data:`DDOF`), 0.0 for a
+  single finite value. Returns ``(nan, nan)`` when no value is finite. Used by ``run``,
+  ``tune``, the experiments' tables and the notebooks alike."""
+  v = np.asarray(finite(values), np.float64)
+  if v.size == 0:
+    return math.nan, math.nan
+  return float(v.mean()), float(v.std(ddof=DDOF)) if v.size > DDOF else 0.0
+
+
+def format_mean_std(values, digits: int = 3, scale: float = 1.0) -> str:
+  """``'m ± s'`` of :func:`mean_std` over ``values * scale``, with ``' (k/n finite)'``
+  appended when only ``k`` of the ``n`` values are finite, and ``'diverged (0/n
+  finite)'`` when none is; ``'–'`` for no values at all."""
+  values = list(values)
+  if not values:
+    return "–"
+  ok = finite(values)
+  if not ok:
+    return f"diverged (0/{len(values)} finite)"
+  m, sd = mean_std([v * scale for v in ok])
+  out = f"{m:.{digits}f} ± {sd:.{digits}f}"
+  return out + (f" ({len(ok)}/{len(values)} finite)" if len(ok) < len(values) else "")
 
 
 def comparison_table(runs: list[dict], metrics: list[str], value) -> list[dict]:
@@ -166,9 +200,13 @@ def comparison_table(runs: list[dict], metrics: list[str], value) -> list[dict]:
   for a in order:
     row = {"algorithm": a, "seeds": len(groups[a])}
     for m in metrics:
-      vals = [v for v in (value(g, m) for g in groups[a]) if v is not None]
-      if vals:
+      # a diverged run counts (as not finite); an ok run without the metric does not
+      vals = [math.nan if g.get("status", "ok") != "ok" else value(g, m) for g in groups[a]]
+      vals = [v for v in vals if v is not None]
+      if any(v is not None and np.isfinite(v) for v in vals):
         row[f"{m}_mean"], row[f"{m}_std"] = mean_std(vals)
+        row[f"{m}_finite"] = len(finite(vals))
+        row[f"{m}_n"] = len(vals)
     rows.append(row)
   return rows
 
@@ -182,7 +220,9 @@ def format_table(rows: list[dict], metrics: list[str], markdown: bool = True) ->
     cells = [r["algorithm"], str(r["seeds"])]
     for m in metrics:
       if f"{m}_mean" in r:
-        cells.append(f"{r[f'{m}_mean']:.3f} ± {r[f'{m}_std']:.3f}")
+        k, n = r.get(f"{m}_finite", 1), r.get(f"{m}_n", 1)
+        cells.append(f"{r[f'{m}_mean']:.3f} ± {r[f'{m}_std']:.3f}"
+                     + (f" ({k}/{n} finite)" if k < n else ""))
       else:
         cells.append("–")
     body.append(cells)

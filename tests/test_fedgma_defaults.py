@@ -8,45 +8,23 @@ checks accuracy clearly above chance (10 classes: 0.1): test accuracy for the la
 tasks, training-client accuracy for FedCMNIST / FedRotMNIST (2 classes per client; their
 OOD clients stay near chance at this budget).
 
-CIFAR-10 has no bundled copy: ``sources.load_dataset`` is replaced by real MNIST digits in
-its shape (32×32×3, the digit padded and copied to three channels), so the test checks that
-its defaults (model, lr) learn on inputs of that shape, not its accuracy on the real data.
-``fmnist_noniid`` is not a case: it is built by the same function as ``mnist_noniid`` with
-the same model and settings for 28×28×1 inputs, and without Fashion-MNIST files the case
-would train on the same MNIST digits, repeating the ``mnist_noniid`` case exactly.
+``cifar10_noniid`` is not a case: it has no bundled copy, its lr 0.05 is untested on real
+data (its registered starting values say so), and a stand-in of MNIST digits in its shape
+(32×32×3) cost more than a minute of CI for a check of shapes the colour
+tasks' 3-channel model already covers. ``fmnist_noniid`` is not a case: it is built by the
+same function as ``mnist_noniid`` with the same model and settings for 28×28×1 inputs, and
+without Fashion-MNIST files the case would train on the same MNIST digits, repeating the
+``mnist_noniid`` case exactly.
 """
 from __future__ import annotations
 
-import dataclasses
-
-import numpy as np
 import pytest
 
 from fedjax_inv import make_algorithm, run, tasks
-from fedjax_inv.data import sources
-
-
-def _mnist_as(name):
-  """``sources.load_dataset`` with real MNIST digits standing in for ``name`` (CIFAR-10's
-  32×32×3 shape)."""
-  real = sources.load_dataset("mnist")
-
-  def to3(x):
-    x = np.pad(x, ((0, 0), (2, 2), (2, 2)))
-    return np.repeat(x[..., None], 3, axis=-1)
-
-  def load(dataset, **kw):
-    if dataset != name:
-      return real
-    return dataclasses.replace(real, name=name, x_train=to3(real.x_train),
-                               x_test=to3(real.x_test), note="MNIST digits as CIFAR")
-  return load
-
 
 # (task, task kwargs, algorithm, eval metric, rounds, threshold)
 CASES = [
     ("mnist_noniid", {}, "fedavg", "test_accuracy", 8, 0.5),
-    ("cifar10_noniid", {}, "fedavg", "test_accuracy", 8, 0.4),
     # 2 classes per client: the averaged model needs more rounds than the label-skew
     # tasks above. FedGMA (tau = 0.4) was slower still: train accuracy 0.19 / 0.14 after
     # 15 rounds here (experiments/fedgma/README.md), so the defaults are checked with
@@ -60,9 +38,7 @@ CASES = [
 @pytest.mark.slow
 @pytest.mark.parametrize("name,tkw,alg,metric,rounds,threshold", CASES,
                          ids=[c[0] for c in CASES])
-def test_image_task_defaults_learn(monkeypatch, name, tkw, alg, metric, rounds, threshold):
-  if name == "cifar10_noniid":
-    monkeypatch.setattr(sources, "load_dataset", _mnist_as("cifar10"))
+def test_image_task_defaults_learn(name, tkw, alg, metric, rounds, threshold):
   task = tasks.make_task(name, n_train=600, n_test=300, seed=0, **tkw)
   kw = task.algorithm_settings(alg)
   res = run(task, make_algorithm(alg, **kw), rounds=rounds, seed=0, eval_every=rounds,

@@ -1,6 +1,7 @@
 """The package as a user gets it: a wheel built from this checkout, installed with its
-dependencies into a fresh virtualenv, on Python 3.11 (this interpreter or another) and 3.12
-when one can be found; then ``fedjax-inv list`` and a 2-round ``fedjax-inv run``.
+dependencies into a fresh virtualenv, then ``fedjax-inv list`` and a 2-round ``fedjax-inv
+run``. On Python 3.12 when one can be found (the rest of the suite runs on 3.11, so this
+one install covers the other supported version too), else on this interpreter.
 
 Needs the package registry (pip). An interpreter that is missing is skipped with the reason.
 """
@@ -40,12 +41,11 @@ def wheel(tmp_path_factory):
   return whl
 
 
-@pytest.mark.parametrize("version", ["3.11", "3.12"])
-def test_wheel_installs_and_runs(wheel, tmp_path, version):
-  exe = _interpreter(version)
+def test_wheel_installs_and_runs(wheel, tmp_path):
+  exe = _interpreter("3.12") or _interpreter("3.11")
   if exe is None:
-    pytest.skip(f"no Python {version} here (not on PATH, not under ~/.pyenv/versions): "
-                f"install one to test the wheel on it")
+    pytest.skip("no Python 3.12 or 3.11 here (not on PATH, not under ~/.pyenv/versions): "
+                "install one to test the wheel on it")
   venv = tmp_path / "venv"
   subprocess.run([exe, "-m", "venv", str(venv)], check=True, timeout=300)
   py = venv / "bin" / "python"

@@ -205,13 +205,13 @@ def test_refuses_a_foreign_folder(tmp_path):
   assert sorted(x.name for x in tmp_path.iterdir()) == ["mine.txt"]
 
 
-def test_readme_tables_equal_the_regenerated_ones(capsys):
+def test_every_fair_view_has_a_block():
+  # (the blocks' contents are checked by tests/test_tables.py)
   sys.path.insert(0, str(ROOT / "experiments"))
   try:
     import fair
   finally:
     sys.path.pop(0)
-  assert fair.tables(check=True) == 0, capsys.readouterr().out
   # every view is used by a block (experiments READMEs, docs/reproductions.md), and every
   # block names a view
   text = "".join(p.read_text() for p in [*ROOT.glob("experiments/*/README.md"),

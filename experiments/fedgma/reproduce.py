@@ -171,8 +171,9 @@ def tune(args) -> dict:
 
 
 def _ms(vals):
-  v = 100 * np.asarray(vals)
-  return f"{v.mean():.1f} ± {v.std(ddof=0):.1f}"
+  """Mean ± sample std over seeds (ddof 1), in % (:func:`fedjax_inv.outputs.format_mean_std`)."""
+  from fedjax_inv import outputs
+  return outputs.format_mean_std(vals, 1, scale=100.0)
 
 
 def table_of(results: dict) -> str:

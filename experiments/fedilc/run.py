@@ -162,8 +162,8 @@ def _write(path, a, tag, sets, runs):
 
 
 def _ms(v):
-  v = np.asarray(v, float)
-  return f"{v.mean():.3f} ± {v.std():.3f}"
+  from fedjax_inv.outputs import format_mean_std  # sample std (ddof 1), the one convention
+  return format_mean_std(np.asarray(v, float).tolist(), 3)
 
 
 def cmd_table(a):

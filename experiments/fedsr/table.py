@@ -49,8 +49,8 @@ def per_seed(out: pathlib.Path, alg: str, selection: str = "last") -> dict:
 
 
 def _cell(values) -> str:
-  v = [100 * x for x in values]
-  return f"{statistics.mean(v):.1f} ± {statistics.stdev(v) if len(v) > 1 else 0.0:.1f}"
+  from fedjax_inv.outputs import format_mean_std  # sample std (ddof 1), the one convention
+  return format_mean_std(list(values), 1, scale=100.0)
 
 
 def raw_table(out: pathlib.Path, algs=("fedavg", "fedsr"), selection: str = "last") -> str:

@@ -157,8 +157,8 @@ def run_row(name: str, seeds, rounds=None, out=HERE / "results", data_dir=None) 
 
 
 def _ms(vals):
-  vals = np.asarray(vals, float)
-  return f"{vals.mean():.3f} ± {vals.std(ddof=0):.3f}"
+  from fedjax_inv.outputs import format_mean_std  # sample std (ddof 1), the one convention
+  return format_mean_std(np.asarray(vals, float).tolist(), 3)
 
 
 def table(results: dict) -> str:

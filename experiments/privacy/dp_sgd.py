@@ -1,4 +1,4 @@
-"""Sample-level DP-SGD on the client (issue 25 item 5, fedjax_inv/dp_sgd.py): FedAvg's
+"""Sample-level DP-SGD on the client (fedjax_inv/dp_sgd.py): FedAvg's
 held-out accuracy against the per-example epsilon.
 
 Task: the bundled MNIST sample (4,000 training images, 1,000 held-out test images), i.i.d.
@@ -74,22 +74,13 @@ def run_one(out: pathlib.Path, clip, sigma: float, seed: int, rounds: int) -> di
 
 
 def table(out: pathlib.Path) -> str:
-  rows = ["| setting | clip C | σ | ε per example (δ = 1e-5) | seeds | train accuracy | "
-          "held-out test accuracy |", "|---|---:|---:|---:|---:|---:|---:|"]
-  for label, clip, sigma in SETTINGS:
-    recs = [json.loads(p.read_text()) for p in sorted((out / "raw").glob(
-        f"{_name(clip, sigma)}-seed*.json"))]
-    if not recs:
-      continue
-    eps = (recs[0]["privacy"]["sample_level"]["epsilon"] if clip is not None
-           else float("inf"))
-    tr = np.array([r["final"]["train_accuracy"] for r in recs])
-    te = np.array([r["final"]["test_accuracy"] for r in recs])
-    sd = (lambda a: a.std(ddof=1) if len(a) > 1 else 0.0)  # noqa: E731
-    rows.append(f"| {label} | {'–' if clip is None else f'{clip:g}'} | {sigma:g} | "
-                f"{'∞' if eps == float('inf') else f'{eps:.2f}'} | {len(recs)} | "
-                f"{tr.mean():.3f} ± {sd(tr):.3f} | {te.mean():.3f} ± {sd(te):.3f} |")
-  return "\n".join(rows)
+  """The README's table (``tables.py``'s ``dp_sgd_table``, the one generator)."""
+  import importlib.util
+  spec = importlib.util.spec_from_file_location(
+      "privacy_tables", pathlib.Path(__file__).resolve().parent / "tables.py")
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod.dp_sgd_table(out.resolve())
 
 
 def main(argv=None) -> int:

@@ -1,4 +1,4 @@
-"""Privacy-utility table (issue 25): client-level DP-FedAvg (fedjax_inv/privacy.py) at
+"""Privacy-utility table: client-level DP-FedAvg (fedjax_inv/privacy.py) at
 epsilon in {1, 2, 4, 8, inf} (delta 1e-5) for FedAvg, Invariant FedAvg and FedILC's Fishr
 (Intra-Arith: Fishr+Inter-Geo's geometric mean is not a mean of the client updates, so DP
 cannot cover it; it runs at epsilon = inf only), on 1,000 MNIST clients.

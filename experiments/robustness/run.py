@@ -1,4 +1,4 @@
-"""Robust aggregation under attack, and stragglers (issue 26), on MNIST non-i.i.d.
+"""Robust aggregation under attack, and stragglers, on MNIST non-i.i.d.
 
 Task: ``mnist_noniid`` (the bundled MNIST sample offline: 4,000 training images over 20
 clients by a Dirichlet(0.5) label skew, 1,000 test images), an MLP 784-100-10 (the
@@ -19,6 +19,9 @@ Two grids, each run written to ``OUT/raw/<grid>/<name>.json`` (skipped when pres
 Usage:  python experiments/robustness/run.py OUT [--grid attacks|stragglers|all]
         [--rounds 40] [--seeds 0,1,2] [--fractions 0,0.2];
 then    python experiments/robustness/run.py OUT --table   (markdown from the raw runs)
+
+The tables are ``tables.py``'s (which also renders the README's generated blocks:
+``python experiments/fair.py tables --only robustness``).
 """
 from __future__ import annotations
 
@@ -27,8 +30,6 @@ import json
 import pathlib
 import sys
 import time
-
-import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 
@@ -100,43 +101,14 @@ def straggler_runs(a, out):
           print(f"{name} seed {seed}: {r['final_test_accuracy']}", flush=True)
 
 
-def _cell(runs):
-  vals = [r["final_test_accuracy"] for r in runs]
-  if not vals:
-    return "–"
-  if any(v is None for v in vals):
-    return f"diverged ({sum(v is None for v in vals)}/{len(vals)})"
-  sd = float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0
-  return f"{100 * np.mean(vals):.1f} ± {100 * sd:.1f}"
-
-
 def table(out: pathlib.Path) -> str:
-  runs = [json.loads(p.read_text()) for p in sorted((out / "raw").glob("*/*.json"))]
-  by = {}
-  for r in runs:
-    by.setdefault((r["grid"], r["name"]), []).append(r)
-  lines = []
-  fracs = sorted({float(n.rsplit("-", 1)[1]) for g, n in by if g == "attacks"})
-  for frac in [f for f in fracs if f > 0]:
-    lines += [f"\n**{100 * frac:g}% attackers** — final test accuracy (%), mean ± std over "
-              "seeds; column 'none' = no attack\n",
-              "| aggregator | none | " + " | ".join(ATTACKS) + " |",
-              "|---" * (len(ATTACKS) + 2) + "|"]
-    for agg in AGGREGATORS:
-      cells = [_cell(by.get(("attacks", f"{agg}-none-0"), []))]
-      cells += [_cell(by.get(("attacks", f"{agg}-{a}-{frac:g}"), [])) for a in ATTACKS]
-      lines.append(f"| {agg} | " + " | ".join(cells) + " |")
-  if any(g == "stragglers" for g, _ in by):
-    lines += ["\n**Stragglers** (20 local steps; stragglers run Uniform{1..19}) — final test "
-              "accuracy (%)\n", "| algorithm | 0% | 50% drop | 50% keep | 90% drop | 90% keep |",
-              "|---|---|---|---|---|---|"]
-    for alg in ("fedavg", "fedprox", "fednova"):
-      cells = [_cell(by.get(("stragglers", f"{alg}-{c}"), []))
-               for c in ("0-keep", "0.5-drop", "0.5-keep", "0.9-drop", "0.9-keep")]
-      lines.append(f"| {alg} | " + " | ".join(cells) + " |")
-  seeds = sorted({r["seed"] for r in runs})
-  lines.append(f"\nSeeds {seeds}; {len(runs)} runs in `raw/`.")
-  return "\n".join(lines)
+  """Every results table of the raw runs under ``out`` (``tables.py``'s)."""
+  import importlib.util
+  spec = importlib.util.spec_from_file_location(
+      "robustness_tables", pathlib.Path(__file__).resolve().parent / "tables.py")
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod.all_tables(pathlib.Path(out))
 
 
 def main(argv=None) -> int:

@@ -274,7 +274,7 @@ def build_round(model, kind: str, algorithm: Algorithm, num_clients: int,
   unroll = strategy_lib.SCAN_UNROLL if unroll is None else int(unroll)
   parts = round_parts(model, kind, algorithm, num_clients, clients_per_round)
   # Per-client step counts (local_epochs) under 'chunked': a chunk runs to its largest
-  # client's count, so the cohort is ordered by size first (issue 24's size buckets).
+  # client's count, so the cohort is ordered by size first (the size buckets).
   sort_by_size = algorithm.local_epochs is not None and strategy == "chunked"
 
   def round_fn(server: ServerState, client_states: dict, data: ClientData, key):

@@ -65,7 +65,7 @@ def build_evaluator(model, kind: str, algorithm=None, eval_batch: int = 2048,
   losses.check_kind(kind)
   predict = eval_logits_fn(model, algorithm)
   # A deterministic prediction may skip the padding: the real rows of all clients,
-  # packed (issue 24: FEMNIST's test writers are padded 2.4x). A stochastic one (FedSR's
+  # packed (FEMNIST's test writers are padded 2.4x). A stochastic one (FedSR's
   # Monte-Carlo eval_forward) keeps the per-client blocks and their keys.
   ragged = algorithm is None or not any(c.eval_forward is not None or c.forward is not None
                                         for c in algorithm.components)

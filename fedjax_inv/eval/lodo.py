@@ -25,10 +25,10 @@ accuracy at the round chosen by each selection method (over the evaluated rounds
 * ``last`` — the final round.
 
 Results are tabulated like the papers' tables: per (selection, algorithm) one row with a
-column per held-out domain and ``avg``, each ``mean ± std`` over seeds (population std,
-``ddof=0``, as ``fedjax_inv.outputs``); ``avg`` is the mean over held-out domains computed
-per seed, then mean ± std over seeds. Accuracies are fractions in [0, 1] in the result
-dict and CSV, and percentages in the markdown table.
+column per held-out domain and ``avg``, each ``mean ± std`` over seeds
+(:func:`fedjax_inv.outputs.mean_std`: the sample std, ddof 1); ``avg`` is the mean over
+held-out domains computed per seed, then mean ± std over seeds. Accuracies are fractions
+in [0, 1] in the result dict and CSV, and percentages in the markdown table.
 """
 from __future__ import annotations
 

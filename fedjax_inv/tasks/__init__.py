@@ -8,14 +8,15 @@ Families (each registers its tasks on import; this is the one place that imports
 ``colored_mnist`` (IRM / FedILC ColoredMNIST), ``synthetic`` (Invariant FedAvg §4.1),
 ``rotated`` (RotatedMNIST, Rotated-CIFAR10, FedCMNIST, FedRotMNIST), ``noniid`` (FedGMA
 §5.1), ``eicu`` (FedILC §5.1.3), ``domainbed`` (PACS, VLCS, OfficeHome, DomainNet),
-``federated`` (FEMNIST, Shakespeare, CIFAR-100 at their real client counts).
+``federated`` (FEMNIST, Shakespeare, CIFAR-100 at their real client counts), ``hf`` (any
+Hugging Face hub dataset, partitioned by Flower Datasets; imported lazily on use).
 Data sources and partitioners live in ``fedjax_inv/data/``.
 """
 from fedjax_inv.tasks.base import (KINDS, Task, TaskEntry, _TASKS, check_task,  # noqa: F401
                                    make_task, register_task, task_registry,
                                    with_validation)
-from fedjax_inv.tasks import (colored_mnist, domainbed, eicu, federated, noniid,  # noqa: F401,E402
-                              rotated, synthetic)
+from fedjax_inv.tasks import (colored_mnist, domainbed, eicu, federated, hf,  # noqa: F401,E402
+                              noniid, rotated, synthetic)
 
 __all__ = ["KINDS", "Task", "TaskEntry", "check_task", "make_task", "register_task",
            "task_registry", "with_validation"]

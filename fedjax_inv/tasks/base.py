@@ -170,20 +170,27 @@ def check_task(task: "Task") -> None:
 
 @dataclasses.dataclass(frozen=True)
 class TaskEntry:
+  """A registered task: its builder, the paper it comes from, a one-line summary, and
+  ``starting``: where its starting values (the task's defaults and per-algorithm
+  settings) come from — the paper, our choice, or a search, naming the data it was scored
+  on (``fedjax-inv list --starting``; recorded as ``info['starting_values']``)."""
   name: str
   builder: Callable[..., Task]
   paper: str
   summary: str
+  starting: str = ""
 
 
 _TASKS: dict[str, TaskEntry] = {}
 
 
-def register_task(name: str, paper: str, summary: str):
+def register_task(name: str, paper: str, summary: str, starting: str = ""):
+  """Registers a task builder under ``name`` (:class:`TaskEntry`). Raises ValueError if
+  ``name`` is taken."""
   def deco(builder):
     if name in _TASKS:
       raise ValueError(f"task {name!r} is registered twice.")
-    _TASKS[name] = TaskEntry(name, builder, paper, summary)
+    _TASKS[name] = TaskEntry(name, builder, paper, summary, starting)
     return builder
   return deco
 
@@ -285,6 +292,8 @@ def make_task(name: str, val_fraction: float | None = None, **kw) -> Task:
     raise ValueError(f"val_fraction={val_fraction!r}; use a share in (0, 0.5] of every "
                      "training client (--task-arg val_fraction=0.2).")
   task = _TASKS[name].builder(**kw)
+  if _TASKS[name].starting and isinstance(task.info, dict):
+    task.info.setdefault("starting_values", _TASKS[name].starting)
   if val_fraction is None:
     return task
   return with_validation(task, float(val_fraction), int(kw.get("seed", 0) or 0))

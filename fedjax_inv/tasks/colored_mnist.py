@@ -24,7 +24,10 @@ def _colored(variant, data_dir, source, download, seed, hidden):
 @register_task("colored_mnist",
                paper="IRM (Arjovsky et al. 2019) §5.1; Invariant FedAvg §4.1 Task 1",
                summary="2 clients (color flip 0.1, 0.2), OOD client 0.9; binary digit>=5, "
-                       "25% label noise; MLP 392-40-1")
+                       "25% label noise; MLP 392-40-1",
+               starting="lr 1.0 full-batch SGD: the IRM protocol; Invariant FedAvg's λ = 1e4 "
+                        "after a 100-round warm-up, FedIIR's lr 0.01 / γ = 3e4 and Fishr's λ = "
+                        "1e4: picked on the OOD accuracy of seed 0, a reported seed")
 def colored_mnist(data_dir=None, source="auto", download=False, seed=0, hidden=(40,)):
   """ColoredMNIST, IRM protocol: clients are the environments e ∈ {0.1, 0.2}; the OOD
   evaluation client has color flip 0.9. Model: Invariant FedAvg §4.1's MLP with one
@@ -34,9 +37,14 @@ def colored_mnist(data_dir=None, source="auto", download=False, seed=0, hidden=(
   FedAvg is gradient descent on the pooled risk and Invariant FedAvg is IRM with one
   environment per client). Adam clients whose state restarts every round move by
   ``lr·sign(g)`` on their first step, which cancels the two clients' opposite IRM
-  gradients: see experiments/colored_mnist_invariance.md. FedIIR uses its tuned
-  settings here (lr 0.01, γ=3e4, no EMA: with all clients sampled the global classifier
-  gradient is exact); Fishr+Inter-Geo uses λ=1e4."""
+  gradients: see experiments/colored_mnist_invariance.md.
+
+  Where the per-method starting values come from: Invariant FedAvg's λ = 1e4 after a
+  100-round warm-up with weight decay 0, FedIIR's lr 0.01, γ = 3e4, no EMA (with all
+  clients sampled the global classifier gradient is exact), and Fishr+Inter-Geo's λ = 1e4
+  were each picked from a small grid scored on the OOD accuracy of seed 0, a seed that
+  is also reported; they are not the papers' values. A comparison that selects on
+  training-domain validation only: ``python experiments/fair.py run cmnist``."""
   train, eval_sets, info, model = _colored("irm", data_dir, source, download, seed, hidden)
   info["paper"] = "Invariant FedAvg §4.1 Task 1 (IRM protocol)"
   return Task("colored_mnist", "binary", train, eval_sets, model, info,
@@ -45,8 +53,9 @@ def colored_mnist(data_dir=None, source="auto", download=False, seed=0, hidden=(
                             eval_every=10,
                             per_algorithm={
                                 "fediir": dict(client_lr=0.01, gamma=3e4, ema=0.0),
-                                # FedILC's λ=15 (their CMNIST variant) learns the color
-                                # here (OOD 0.10, seed 0); 1e4 gave 0.29.
+                                # picked on OOD accuracy (seed 0): FedILC's λ=15 (their
+                                # CMNIST variant) learns the color here (OOD 0.10); 1e4
+                                # gave 0.29.
                                 # (λ on Alg. 1's 1/E scale, server AdamW: the
                                 # settings of that measurement.)
                                 "fishr_inter_geo": dict(fishr_lambda=1e4,
@@ -56,7 +65,9 @@ def colored_mnist(data_dir=None, source="auto", download=False, seed=0, hidden=(
 
 @register_task("colored_mnist_fedilc", paper="FedILC §5.1.1",
                summary="5 clients (color flip .15/.30/.45/.60/.75, no label noise), OOD "
-                       "flip 0.9 with label flip 0.15; MLP 392-390-390-1")
+                       "flip 0.9 with label flip 0.15; MLP 392-390-390-1",
+               starting="the paper's settings: FedILC §5.1.1 and its official commands (server "
+                        "Adam lr 3e-4, weight decay 0.01, λ = 15, 301 rounds)")
 def colored_mnist_fedilc(data_dir=None, source="auto", download=False, seed=0,
                          hidden=(390, 390)):
   """ColoredMNIST, FedILC variant (FedILC §5.1.1 and its official code): 5 clients with

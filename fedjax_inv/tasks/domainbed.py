@@ -188,7 +188,9 @@ def _register(dataset: str, title: str, paper: str, iir_lr: str):
   register_task(dataset, paper=paper,
                 summary=(f"{len(domains)} domains ({', '.join(domains)}), {ncls} classes; "
                          f"ResNet-{depth} (GroupNorm); needs the DomainBed image folders "
-                         f"in <data_dir>/{dirs[0]}/"))(builder)
+                         f"in <data_dir>/{dirs[0]}/"),
+                starting="the papers' settings: FedSR §5 (SGD, momentum 0.9, lr 0.01, weight "
+                         "decay 5e-4, E = 5) with FedIIR App. F.3's batch 32")(builder)
   return builder
 
 

@@ -15,7 +15,8 @@ from fedjax_inv.data.eicu import NUM_DRUG_FEATURES, make_eicu
 @register_task("eicu", paper="FedILC §5.1.3",
                summary="20 largest eICU hospitals (70/30 train/val), the rest OOD; "
                        "mortality from 1,399 drug indicators; MLP 1024-1024-512-1; needs "
-                       "the credentialed CSV at <data_dir>/eicu/eicu_drugs.csv")
+                       "the credentialed CSV at <data_dir>/eicu/eicu_drugs.csv",
+               starting="the paper's settings: FedILC §5.1.3 and its official commands")
 def eicu(data_dir=None, source="auto", download=False, seed=0, path=None,
          hidden=(1024, 1024, 512), num_train_hospitals=20, val_fraction=0.3,
          feature_columns=None, expected_features=NUM_DRUG_FEATURES,

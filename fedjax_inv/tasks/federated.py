@@ -6,7 +6,9 @@ test clients).
 
 Data: the published files, read offline from ``data_dir`` by
 ``fedjax_inv.data.federated_files`` (TensorFlow Federated's HDF5 files, or LEAF's JSON
-folders for FEMNIST and Shakespeare); nothing is downloaded. ``source='synthetic'``
+folders for FEMNIST and Shakespeare); nothing is downloaded. ``source='hf'`` reads the
+Hugging Face hub's copies through Flower Datasets (``fedjax_inv.data.hf``: a local copy in
+``data_dir`` or the cache; the hub only with ``download=True``). ``source='synthetic'``
 builds a stand-in of the same shape instead (``fedjax_inv.data.federated_synthetic``: the
 real client count and per-client size distribution, generated contents), which the
 benchmarks and CI use.
@@ -22,15 +24,16 @@ import numpy as np
 from fedjax_inv.core.data import from_client_arrays
 from fedjax_inv.tasks.base import Task, register_task
 
-SOURCES = ("auto", "raw", "synthetic")
+SOURCES = ("auto", "raw", "synthetic", "hf")
 TRAIN_EVAL_CLIENTS = 100  # training clients evaluated as ``train_*`` (a fixed sample)
 
 
 def _check_source(source: str, name: str) -> None:
   if source not in SOURCES:
     raise ValueError(f"--source {source!r} for task {name!r}: use 'auto' or 'raw' (the "
-                     "published files in --data-dir) or 'synthetic' (a generated pool of "
-                     "the same shape).")
+                     "published files in --data-dir), 'hf' (the Hugging Face hub's copy, "
+                     "through Flower Datasets) or 'synthetic' (a generated pool of the "
+                     "same shape).")
 
 
 def _files(data_dir, dataset: str, name: str):
@@ -125,10 +128,13 @@ def _synthetic_femnist(num_clients: int, seed: int):
     return train, test, None
 
 
-def _femnist_pools(data_dir, source: str, seed: int, num_clients):
+def _femnist_pools(data_dir, source: str, seed: int, num_clients, download=False):
   """``(train, test, provenance)``: packed pools (``core.packed.PackedPool``) of
   28×28×1 images with writer ids; ``test`` may hold writers ``train`` has not (LEAF's
   user split)."""
+  if source == "hf":
+    from fedjax_inv.data import hf
+    return hf.femnist_pools(data_dir, download, seed, num_clients)
   from fedjax_inv.data import federated_files as ff
   from fedjax_inv.data import federated_synthetic as syn
   img = lambda x: np.asarray(x, np.float32).reshape(-1, 28, 28, 1)  # noqa: E731
@@ -190,7 +196,8 @@ def _clientdata(clients: dict, ids, reshape=None):
 @register_task("femnist", paper="Reddi et al. 2021 (App. B-D); FEMNIST (LEAF)",
                summary="FEMNIST: 3,400 writers (TFF HDF5 or LEAF JSON in --data-dir, or "
                        "--source synthetic), 62 classes, Reddi et al.'s CNN, 1 local "
-                       "epoch of batch 20, 10 clients per round")
+                       "epoch of batch 20, 10 clients per round",
+               starting="the paper's settings: Reddi et al. 2021 App. D (EMNIST CR)")
 def femnist(data_dir=None, source="auto", download=False, seed=0, num_clients=None,
             heldout_writers=0.0, train_eval_clients=TRAIN_EVAL_CLIENTS) -> Task:
   """Federated EMNIST (62 classes), one client per writer.
@@ -198,7 +205,9 @@ def femnist(data_dir=None, source="auto", download=False, seed=0, num_clients=No
   Data: TFF's ``fed_emnist_{train,test}.h5`` (3,400 writers, each with its own test
   examples) or LEAF's FEMNIST JSON (``-t sample``: the same writers in train/ and test/;
   ``-t user``: disjoint writers, whose test/ writers then form the ``'ood'`` set);
-  ``source='synthetic'``: :func:`fedjax_inv.data.federated_synthetic.femnist`.
+  ``source='hf'``: the hub's ``flwrlabs/femnist`` by ``writer_id``
+  (:func:`fedjax_inv.data.hf.femnist_pools`: 10% of each writer held out as its test
+  examples); ``source='synthetic'``: :func:`fedjax_inv.data.federated_synthetic.femnist`.
 
   Sets: ``train`` = the training writers' training examples; ``'test'`` = the training
   writers' test examples, one client per writer (Reddi et al.'s evaluation on the test
@@ -231,10 +240,9 @@ def femnist(data_dir=None, source="auto", download=False, seed=0, num_clients=No
       what is wrong).
     ValueError: a bad ``source`` or ``heldout_writers``.
   """
-  del download  # the published files are never downloaded
-  _check_source(source, "femnist")
+  _check_source(source, "femnist")  # only source='hf' downloads, and only with download
   _check_fraction(heldout_writers)
-  train, test, prov = _femnist_pools(data_dir, source, seed, num_clients)
+  train, test, prov = _femnist_pools(data_dir, source, seed, num_clients, download)
   ids, held = _split_writers(list(train.ids), heldout_writers, seed)
   in_test = set(test.ids)
   with_test = [c for c in ids if c in in_test]  # none under LEAF's user split
@@ -296,7 +304,8 @@ def _shakespeare_clients(data_dir, source, seed, num_clients, max_examples):
 @register_task("shakespeare", paper="Reddi et al. 2021 (App. B-D); LEAF",
                summary="Shakespeare next character: 715 speaking roles (TFF HDF5 or LEAF "
                        "JSON in --data-dir, or --source synthetic), 80-character context, "
-                       "2-layer LSTM 256, 1 local epoch of batch 4, 10 clients per round")
+                       "2-layer LSTM 256, 1 local epoch of batch 4, 10 clients per round",
+               starting="the paper's settings: Reddi et al. 2021 App. D (Shakespeare)")
 def shakespeare(data_dir=None, source="auto", download=False, seed=0, num_clients=None,
                 max_examples=1000, train_eval_clients=TRAIN_EVAL_CLIENTS) -> Task:
   """Next-character prediction, one client per speaking role.
@@ -310,7 +319,9 @@ def shakespeare(data_dir=None, source="auto", download=False, seed=0, num_client
   label per example does not express: a deliberate difference.
 
   Sets: ``train`` = roles' training examples; ``'test'`` = their test examples (one
-  client per role). ``max_examples`` keeps a seeded random subset per client (default
+  client per role). ``source='hf'``: the hub's ``flwrlabs/shakespeare`` (LEAF's
+  examples) by ``character_id``, each role's last 20% of lines as its test examples
+  (:func:`fedjax_inv.data.hf.shakespeare_pools`), packed as uint8 character ids. ``max_examples`` keeps a seeded random subset per client (default
   1,000; None = all: roles run to tens of thousands of characters, and the pool is
   padded to its largest client).
 
@@ -320,17 +331,24 @@ def shakespeare(data_dir=None, source="auto", download=False, seed=0, num_client
 
   Raises: as :func:`femnist`.
   """
-  del download
   _check_source(source, "shakespeare")
   from fedjax_inv.data import federated_files as ff
   from fedjax_inv.models.federated import char_lstm
-  train, test, prov = _shakespeare_clients(data_dir, source, seed, num_clients,
-                                           max_examples)
-  if not train:
-    raise ValueError("shakespeare: no role has 2 or more characters of training text.")
-  ids = sorted(train)
-  data = _clientdata(train, ids)
-  eval_sets = {"test": _clientdata(test, [c for c in ids if c in test])}
+  if source == "hf":  # packed pools (uint8 character ids), one client per character_id
+    from fedjax_inv.data import hf
+    data, test, prov = hf.shakespeare_pools(data_dir, download, seed, num_clients,
+                                            max_examples)
+    ids = list(data.ids)
+    with_test = [c for c in ids if test is not None and c in set(test.ids)]
+    eval_sets = {"test": _writers(test, with_test)} if with_test else {}
+  else:
+    train, test, prov = _shakespeare_clients(data_dir, source, seed, num_clients,
+                                             max_examples)
+    if not train:
+      raise ValueError("shakespeare: no role has 2 or more characters of training text.")
+    ids = sorted(train)
+    data = _clientdata(train, ids)
+    eval_sets = {"test": _clientdata(test, [c for c in ids if c in test])}
   info = {**prov, "paper": "Reddi et al. 2021 App. B-D; LEAF (next character)",
           "num_clients": len(ids), "max_examples": max_examples,
           "client_sizes": _sizes_info(np.asarray(data.n)),
@@ -357,9 +375,10 @@ def _crop(x, size: int = 24):
 @register_task("cifar100_fed", paper="Reddi et al. 2021 (App. B-D)",
                summary="CIFAR-100 over 500 clients (TFF's Pachinko split; TFF HDF5 in "
                        "--data-dir, or --source synthetic), ResNet-18 with GroupNorm, 24x24 "
-                       "crops, 1 local epoch of batch 20, 10 clients per round")
+                       "crops, 1 local epoch of batch 20, 10 clients per round",
+               starting="the paper's settings: Reddi et al. 2021 App. D (CIFAR-100)")
 def cifar100_fed(data_dir=None, source="auto", download=False, seed=0, num_clients=None,
-                 train_eval_clients=TRAIN_EVAL_CLIENTS) -> Task:
+                 train_eval_clients=TRAIN_EVAL_CLIENTS, partitioner=None) -> Task:
   """Federated CIFAR-100 (TFF's ``cifar100``: 500 training clients and 100 test clients
   of 100 images each, labels by a Pachinko allocation; Reddi et al. App. C).
 
@@ -376,14 +395,27 @@ def cifar100_fed(data_dir=None, source="auto", download=False, seed=0, num_clien
   against TFF's 11.23 M — a known difference). Defaults (App. D, CIFAR-100): 4,000
   rounds of 10 clients, 1 local epoch of batch 20, client SGD lr 0.1 (10^-1).
 
+  ``source='hf'``: the hub's ``uoft-cs/cifar100``; TFF's Pachinko split is not on the
+  hub, so the training split is partitioned by Flower Datasets' ``partitioner``
+  (default ``dirichlet:alpha=0.1,num_partitions=500,by=fine_label,
+  min_partition_size=1``; :func:`fedjax_inv.data.hf.make_partitioner`) and the test split
+  i.i.d. over 100 clients; the 24×24 standardized crops are packed as float32.
+
   Raises: as :func:`femnist` (no LEAF layout exists for CIFAR-100).
   """
-  del download
   _check_source(source, "cifar100_fed")
+  if partitioner is not None and source != "hf":
+    raise ValueError("cifar100_fed: partitioner= applies to --source hf only.")
   from fedjax_inv.data import federated_files as ff
   from fedjax_inv.data import federated_synthetic as syn
   from fedjax_inv.models.federated import cifar100_resnet18
-  if source == "synthetic":
+  if source == "hf":
+    from fedjax_inv.data import hf
+    data, test, prov = hf.cifar100_pools(data_dir, download, seed, num_clients,
+                                         partitioner, crop=_crop)
+    ids = list(range(data.num_clients))
+    eval_sets = {"test": test}
+  elif source == "synthetic":
     d = syn.cifar100(num_clients or syn.CIFAR100_TRAIN_CLIENTS,
                      max(1, (num_clients or syn.CIFAR100_TRAIN_CLIENTS) // 5), seed=seed)
     train, test = d["train"], d["test"]
@@ -396,9 +428,10 @@ def cifar100_fed(data_dir=None, source="auto", download=False, seed=0, num_clien
       train = {c: train[c] for c in sorted(train)[:int(num_clients)]}
     prov = {"dataset_source": f"{layout}: {paths['train']}",
             "data_note": f"CIFAR-100 from TFF files in {data_dir}"}
-  ids = sorted(train)
-  data = _clientdata(train, ids, _crop)
-  eval_sets = {"test": _clientdata(test, sorted(test), _crop)}
+  if source != "hf":
+    ids = sorted(train)
+    data = _clientdata(train, ids, _crop)
+    eval_sets = {"test": _clientdata(test, sorted(test), _crop)}
   info = {**prov, "paper": "Reddi et al. 2021 App. B-D (CIFAR-100)", "num_clients": len(ids),
           "client_sizes": _sizes_info(np.asarray(data.n)), "crop": 24,
           "train_eval_clients": train_eval_clients}
