@@ -742,7 +742,7 @@ def _write_lodo_summary(pl, out, rec, stream) -> dict:
   outputs.write_json(out / "summary.json", summary)
   if result["runs"]:
     failed = "".join(f"\n{r['algorithm']} seed {r['seed']} holdout {r['holdout']}: "
-                     f"diverged at round {r['diverged_round']} (counted in the table as not finite)\n"
+                     f"diverged at round {r['diverged_round']} (left out of the table)\n"
                      for r in rec.runs if r.get("status") == "diverged")
     md = lodo.format_lodo_markdown(result)
     outputs.write_text_atomic(out / "results.md", md + "\n" + failed)

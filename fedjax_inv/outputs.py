@@ -205,6 +205,7 @@ def comparison_table(runs: list[dict], metrics: list[str], value) -> list[dict]:
       vals = [v for v in vals if v is not None]
       if any(v is not None and np.isfinite(v) for v in vals):
         row[f"{m}_mean"], row[f"{m}_std"] = mean_std(vals)
+      if vals:
         row[f"{m}_finite"] = len(finite(vals))
         row[f"{m}_n"] = len(vals)
     rows.append(row)
@@ -219,10 +220,12 @@ def format_table(rows: list[dict], metrics: list[str], markdown: bool = True) ->
   for r in rows:
     cells = [r["algorithm"], str(r["seeds"])]
     for m in metrics:
+      k, n = r.get(f"{m}_finite", 1), r.get(f"{m}_n", 1)
       if f"{m}_mean" in r:
-        k, n = r.get(f"{m}_finite", 1), r.get(f"{m}_n", 1)
         cells.append(f"{r[f'{m}_mean']:.3f} ± {r[f'{m}_std']:.3f}"
                      + (f" ({k}/{n} finite)" if k < n else ""))
+      elif f"{m}_n" in r:
+        cells.append(f"diverged (0/{n} finite)")
       else:
         cells.append("–")
     body.append(cells)

@@ -89,8 +89,12 @@ def test_diverged_run_is_recorded_and_the_others_go_on(tmp_path, capsys):
   assert by["fedprox"]["diverged_round"] >= 1 and by["fedprox"]["hparams"]["mu"] == 0.3
   assert by["fedprox"]["hparams"]["client_lr"] == 1e6
   assert by["fedavg"]["hparams"]["client_lr"] != 1e6  # the scoped value stayed scoped
-  assert [r["algorithm"] for r in s["table"]] == ["fedavg"]
-  assert "fedprox seed 0: diverged at round" in (out / "results.md").read_text()
+  # the diverged algorithm stays in the table, counted: 0 of its 1 seed finite
+  table = {r["algorithm"]: r for r in s["table"]}
+  assert table["fedprox"]["seeds"] == 1 and table["fedprox"]["train_mse_finite"] == 0
+  assert "train_mse_mean" not in table["fedprox"] and table["fedavg"]["train_mse_finite"] == 1
+  md = (out / "results.md").read_text()
+  assert "fedprox seed 0: diverged at round" in md and "diverged (0/1 finite)" in md
   rows = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
   assert [(r["algorithm"], r["round"]) for r in rows if r["algorithm"] == "fedavg"] == [
       ("fedavg", 2), ("fedavg", 4)]
