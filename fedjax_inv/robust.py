@@ -88,15 +88,15 @@ def trimmed_mean(beta: float = 0.1) -> Aggregator:
 
 def krum_scores(x, present, f: int):
   """``[C]`` Krum scores: for each present client the sum of squared distances to its
-  ``max(k - f - 2, 1)`` nearest other present clients (``+inf`` for absent ones).
-  Blanchard et al. 2017, §4."""
+  ``max(k - f - 2, 1)`` nearest other present clients (``+inf`` for absent ones; 0 for a
+  client alone in the round, which has no other). Blanchard et al. 2017, §4."""
   sq = jnp.sum(x * x, axis=1)
   d2 = jnp.maximum(sq[:, None] + sq[None, :] - 2.0 * x @ x.T, 0.0)
   c = x.shape[0]
   pair = present[:, None] & present[None, :] & ~jnp.eye(c, dtype=bool)
   d2 = jnp.sort(jnp.where(pair, d2, jnp.inf), axis=1)
   k = jnp.sum(present.astype(jnp.int32))
-  near = jnp.maximum(k - f - 2, 1)
+  near = jnp.minimum(jnp.maximum(k - f - 2, 1), k - 1)  # k = 1: no other client
   score = jnp.sum(jnp.where(jnp.arange(c)[None, :] < near, d2, 0.0), axis=1)
   return jnp.where(present, score, jnp.inf)
 
@@ -137,6 +137,7 @@ def geometric_median(iters: int = 8, nu: float = 1e-6) -> Aggregator:
     raise ValueError(f"geomed nu={nu!r}; the smoothing must be > 0 (RFA: 1e-6).")
 
   def rule(x, present, w, key):
+    x = jnp.where(present[:, None], x, 0.0)  # an absent client's update may hold inf/NaN
     a = jnp.where(present, w, 0.0).astype(jnp.float32)
     z = (a @ x) / jnp.maximum(jnp.sum(a), 1e-30)
 

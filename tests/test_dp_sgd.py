@@ -154,3 +154,126 @@ def test_algorithms_it_cannot_cover_are_refused(name, kw, match):
 def test_bad_settings_are_named(settings, match):
   with pytest.raises(ValueError, match=match):
     settings.check()
+
+
+# ------------------------------------------------- the pieces, one by one (mutation tests)
+
+
+def _flat(tree):
+  return np.concatenate([np.asarray(v, np.float64).ravel() for v in jax.tree.leaves(tree)])
+
+
+def test_clip_and_noise_draws_the_documented_noise():
+  """sigma < 1 (any sigma > 0 adds noise): (sum of clipped + sigma C N(0, I)) / denominator,
+  one normal per leaf (flatten order) from split(key, leaves)."""
+  rng = np.random.default_rng(2)
+  grads = {"a": rng.normal(size=(3, 2, 2)).astype(np.float32),
+           "b": rng.normal(size=(3, 4)).astype(np.float32)}
+  w = np.array([1, 1, 0], np.float32)
+  clip, sigma, key = 0.7, 0.6, jax.random.key(9)
+  got = dp_sgd.clip_and_noise(grads, jnp.asarray(w), clip, sigma, jnp.float32(4.0), key)
+  flat = np.concatenate([grads["a"].reshape(3, -1), grads["b"]], axis=1).astype(np.float64)
+  scale = np.minimum(1.0, clip / np.linalg.norm(flat, axis=1)) * w
+  summed = (flat * scale[:, None]).sum(0)
+  ka, kb = jax.random.split(key, 2)
+  noise = np.concatenate([np.asarray(jax.random.normal(ka, (2, 2))).ravel(),
+                          np.asarray(jax.random.normal(kb, (4,)))])
+  np.testing.assert_allclose(_flat(got), (summed + sigma * clip * noise) / 4.0, rtol=1e-5,
+                             atol=1e-7)
+
+
+def _estimator_case(w, batch_size, clip=0.5):
+  """A linear model p = {w [3], c []}, squared error; the estimator against per-example
+  gradients written out (grad_w = 2 r x, grad_c = 2 r with r = x.w + c - y)."""
+  from fedjax_inv.core.algorithm import Batch
+  rng = np.random.default_rng(5)
+  x = rng.normal(size=(4, 3)).astype(np.float32)
+  y = rng.normal(size=(4,)).astype(np.float32)
+  params = {"c": jnp.float32(0.3), "w": jnp.asarray([0.5, -1.0, 2.0], jnp.float32)}
+
+  def loss_fn(p, batch):
+    r = batch.x @ p["w"] + p["c"] - batch.y
+    return jnp.sum(batch.w * r * r) / jnp.sum(batch.w)
+
+  def objective(p, batch, key):  # what an estimator gets: the default (loss, grads)
+    del key
+    return jax.value_and_grad(loss_fn)(p, batch)
+  comp = dp_sgd.dp_sgd_component(clip, 0.0, batch_size)
+  assert comp.name == "dp_sgd"
+  batch = Batch(x=jnp.asarray(x), y=jnp.asarray(y), w=jnp.asarray(w))
+  loss, g = comp.grad_estimator(objective, params, batch, None, jax.random.key(0))
+  r = x.astype(np.float64) @ np.asarray(params["w"], np.float64) + 0.3 - y
+  per = np.concatenate([2 * r[:, None], 2 * r[:, None] * x], axis=1)  # [c, w...] per row
+  scale = np.minimum(1.0, clip / np.linalg.norm(per, axis=1)) * np.asarray(w)
+  denom = batch_size if batch_size is not None else np.sum(w)
+  np.testing.assert_allclose(_flat(g), (per * scale[:, None]).sum(0) / denom, rtol=1e-5)
+  np.testing.assert_allclose(float(loss), np.sum(np.asarray(w) * r * r) / max(np.sum(w), 1.0),
+                             rtol=1e-5)
+  assert np.any(np.linalg.norm(per, axis=1) > clip)  # the clip binds
+
+
+@pytest.mark.parametrize("w,batch_size", [
+    ([1, 1, 1, 0], 4), ([1, 1, 1, 0], None), ([0, 1, 0, 0], 4), ([1, 0, 0, 0], None)])
+def test_estimator_clips_each_example_of_the_step(w, batch_size):
+  _estimator_case(np.asarray(w, np.float32), batch_size)
+
+
+def test_apply_wires_the_component_and_names_what_it_refuses():
+  base = make_algorithm("scaffold", batch_size=4, local_epochs=1)
+  alg = dp_sgd.apply(base, dp_sgd.DPSGDSettings(0.5, 1.2, delta=1e-6))
+  assert [c.name for c in alg.components] == ["dp_sgd", "scaffold"]
+  assert {k: alg.hparams[k] for k in ("dp_sgd_clip", "dp_sgd_noise_multiplier",
+                                      "dp_sgd_delta")} == dict(
+      dp_sgd_clip=0.5, dp_sgd_noise_multiplier=1.2, dp_sgd_delta=1e-6)
+  with pytest.raises(ValueError, match="scaffold: DP-SGD is applied already"):
+    dp_sgd.apply(alg, dp_sgd.DPSGDSettings(0.5, 1.2))
+  with pytest.raises(ValueError, match=r"'fedprox': its client objective adds \['prox'\]"):
+    dp_sgd.apply(make_algorithm("fedprox", batch_size=None), dp_sgd.DPSGDSettings(1.0, 1.0))
+  with pytest.raises(ValueError, match="with 'fedavg': its minibatches are drawn"):
+    dp_sgd.apply(make_algorithm("fedavg", batch_size=4), dp_sgd.DPSGDSettings(1.0, 1.0))
+
+
+def _direct(sigma, q, count, delta=1e-5):
+  """dp-accounting called directly: RDP, add-or-remove-one; q None: no sampling."""
+  import dp_accounting
+  from dp_accounting import rdp
+  g = dp_accounting.GaussianDpEvent(sigma)
+  one = g if q is None else dp_accounting.PoissonSampledDpEvent(q, g)
+  acc = rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation
+                          .ADD_OR_REMOVE_ONE)
+  return acc.compose(dp_accounting.SelfComposedDpEvent(one, count)).get_epsilon(delta)
+
+
+def test_client_epsilon_at_sigma_one_and_for_tiny_clients():
+  assert dp_sgd.client_epsilon(1.0, 1e-5, 40, 4, 5, 3) == pytest.approx(
+      _direct(1.0, 0.1, 15), rel=1e-12)
+  # one example, batch 1: the whole client (q = 1); a batch as large as the client too
+  assert dp_sgd.client_epsilon(1.3, 1e-5, 1, 1, 5, 3) == pytest.approx(
+      _direct(1.3, None, 15), rel=1e-12)
+  assert dp_sgd.client_epsilon(1.3, 1e-5, 6, 8, 5, 3) == pytest.approx(
+      _direct(1.3, None, 15), rel=1e-12)
+
+
+def test_record_is_the_documented_summary():
+  alg = dp_sgd.apply(make_algorithm("fedavg", batch_size=4, local_epochs=2),
+                     dp_sgd.DPSGDSettings(0.5, 1.1, delta=1e-6))
+  rec = dp_sgd.record(alg, np.array([8, 40, 9, 8]), rounds=5)
+  each = {n: _direct(1.1, 4 / n, 2 * -(-n // 4) * 5, 1e-6) for n in (8, 9, 40)}
+  worst = max(each, key=each.get)
+  assert rec == {
+      "epsilon": pytest.approx(each[worst], rel=1e-12), "delta": 1e-6,
+      "noise_multiplier": 1.1, "clip": 0.5, "batch_size": 4, "worst_client_size": worst,
+      "rounds": 5, "accountant": "rdp",
+      "covered": "each example of a client, against everything the client sends "
+                 "(sample level, every round counted)",
+      "sampling": "shuffled batches of 4 per local epoch, accounted as Poisson sampling at "
+                  "q = B/n (an approximation; Chua et al. 2024)"}
+  # the whole client every step: every size has the same epsilon; the smallest is named.
+  # A large sigma: every epsilon is below 1.
+  full = dp_sgd.apply(make_algorithm("fedavg", batch_size=None, local_steps=2),
+                      dp_sgd.DPSGDSettings(0.5, 50.0))
+  rec = dp_sgd.record(full, np.array([12, 7, 30]), rounds=3)
+  assert rec["worst_client_size"] == 7 and rec["batch_size"] is None
+  assert rec["epsilon"] == pytest.approx(_direct(50.0, None, 6), rel=1e-12) and rec["epsilon"] < 1
+  assert rec["sampling"] == "the whole client every step (q = 1)"
+

@@ -5,6 +5,7 @@ accountants (values made by benchmarks/peers/pfl_accountant_values.py in pfl-res
 own environment); the round against an independent NumPy loop (clipping, the fixed
 denominator, Poisson sampling) and, for the noise, by its empirical standard deviation.
 """
+import dataclasses
 import json
 import math
 import pathlib
@@ -391,3 +392,217 @@ def test_cli_records_privacy_in_summary_and_epsilon_per_evaluated_round(tmp_path
   eps = [r["dp_epsilon"] for r in rows]
   assert [r["round"] for r in rows] == [2, 4] and eps[0] < eps[1] == p["epsilon"]
   assert s["hparams"]["weighting"] == "uniform"
+
+
+# ------------------------------------------------- the pieces, one by one (mutation tests)
+
+
+def _flat(tree):
+  return np.concatenate([np.asarray(v, np.float64).ravel() for v in jax.tree.leaves(tree)])
+
+
+def test_clipped_mean_finalize_and_the_adaptive_lift():
+  """The fixed denominator: the present count (fixed sampling) or E (Poisson); an empty
+  round is 0, not 0/0. The adaptive lift clips at ctx.extras['dp']['clip']."""
+  from types import SimpleNamespace
+  total = {"a": jnp.asarray([2.0, -4.0]), "b": jnp.asarray([6.0])}
+  fixed, poisson = privacy.clipped_mean(0.5), privacy.clipped_mean(0.5, expected_cohort=4)
+  assert fixed.name == "clipped_mean[C=0.5]" and fixed.lift.reads_context is False
+  for count in (2.0, 1.0):
+    np.testing.assert_array_equal(_flat(fixed.finalize((total, jnp.float32(count)))),
+                                  np.array([2.0, -4.0, 6.0]) / count)
+  np.testing.assert_array_equal(_flat(poisson.finalize((total, jnp.float32(3.0)))),
+                                np.array([2.0, -4.0, 6.0]) / 4)
+  zero = jax.tree.map(jnp.zeros_like, total)
+  np.testing.assert_array_equal(_flat(fixed.finalize((zero, jnp.float32(0.0)))), np.zeros(3))
+  adaptive = privacy.clipped_mean(0.5, adaptive=True)
+  assert adaptive.lift.reads_context is True
+  ctx = SimpleNamespace(extras={"dp": {"clip": jnp.float32(0.2)}})
+  delta = {"a": jnp.asarray([3.0, 0.0]), "b": jnp.asarray([4.0])}  # norm 5
+  clipped, present = adaptive.lift(delta, jnp.float32(0.5), ctx=ctx)  # weight 0.5: present
+  np.testing.assert_allclose(_flat(clipped), np.array([3.0, 0.0, 4.0]) * 0.2 / 5, rtol=1e-6)
+  assert float(present) == 1.0
+
+
+def _pinned_noise(mean, key, std):
+  """The documented draw: one normal per leaf (flatten order) from split(key, leaves)."""
+  leaves, tree = jax.tree.flatten(mean)
+  keys = jax.random.split(key, len(leaves))
+  return jax.tree.unflatten(tree, [np.asarray(t, np.float64) + std * np.asarray(
+      jax.random.normal(k, t.shape, t.dtype), np.float64) for t, k in zip(leaves, keys)])
+
+
+def test_dp_noise_stage_adds_sigma_clip_over_e_from_the_round_key():
+  from types import SimpleNamespace
+  mean = {"a": jnp.full((3, 4), 0.5), "b": jnp.arange(5.0)}
+  ctx = SimpleNamespace(key=jax.random.key(11))
+  comp = privacy.dp_component(0.8, 1.0, 10)  # sigma exactly 1
+  assert comp.name == "dp" and comp.message is None
+  out, state = comp.server_stage(mean, {"s": 1}, {}, ctx)
+  assert state == {"s": 1}
+  chex.assert_trees_all_close(out, _pinned_noise(mean, ctx.key, 1.0 * 0.8 / 10), rtol=1e-6)
+  comp = privacy.dp_component(0.3, 2.5, 4)
+  out, _ = comp.server_stage(mean, None, {}, ctx)
+  chex.assert_trees_all_close(out, _pinned_noise(mean, ctx.key, 2.5 * 0.3 / 4), rtol=1e-6)
+  # sigma = 0: the mean itself, even with an infinite clip and no key
+  for key in (ctx.key, None):
+    out, _ = privacy.dp_component(math.inf, 0.0, 10).server_stage(
+        mean, None, {}, SimpleNamespace(key=key))
+    chex.assert_trees_all_equal(out, mean)
+  with pytest.raises(ValueError, match="needs the round's key"):
+    comp.server_stage(mean, None, {}, SimpleNamespace(key=None))
+
+
+def test_adaptive_dp_component_message_sum_and_clip_update():
+  """Andrew et al. 2021, Alg. 1, piece by piece: b_k = 1[||delta_k|| <= C_t] (the bound
+  included), the sum of the present b_k, C_{t+1} = C_t exp(-eta ((sum b + noise) / E -
+  gamma)), and the noises drawn from the round's key."""
+  from types import SimpleNamespace
+  gamma, eta, E = 0.3, 0.2, 8.0
+
+  def component(count_stddev, update_noise):
+    return privacy.dp_component(0.5, None, E, {"quantile": gamma, "lr": eta,
+                                              "count_stddev": count_stddev,
+                                              "update_noise": update_noise})
+  comp = component(0.0, 0.0)
+  init = comp.init_server({"w": jnp.zeros(2)})
+  assert list(init) == ["clip"] and float(init["clip"]) == pytest.approx(0.5)
+  start = {"w": jnp.asarray([3.0, 4.0])}
+  for clip, want in ((5.0, 1.0), (4.99, 0.0), (6.0, 1.0)):
+    ctx = SimpleNamespace(params=start, extras={"dp": {"clip": jnp.float32(clip)}})
+    b = comp.message(None, "binary", {"w": jnp.zeros(2)}, None, ctx, None)
+    assert float(b) == want, clip
+  agg = comp.aggregator
+  assert agg.name == "sum" and float(agg.finalize(jnp.float32(3.0))) == 3.0
+  assert [float(agg.lift(jnp.float32(1.0), jnp.float32(w))) for w in (0.0, 0.5, 1.0)] == [
+      0.0, 1.0, 1.0]
+  mean = {"a": jnp.asarray([0.25, -1.0]), "b": jnp.ones((2, 2))}
+  key = jax.random.key(5)
+  ctx = SimpleNamespace(key=key)
+
+  def clip_after(count):
+    return 0.5 * math.exp(-eta * (count / E - gamma))
+  # no noise at all (sigma = 0), even with a count noise set
+  for comp in (component(0.0, 0.0), component(2.0, 0.0)):
+    out, state = comp.server_stage(mean, {"clip": jnp.float32(0.5)}, {"dp": jnp.float32(6.0)},
+                                   ctx)
+    chex.assert_trees_all_equal(out, mean)
+    assert list(state) == ["clip"] and state["clip"].dtype == jnp.float32
+    assert float(state["clip"]) == pytest.approx(clip_after(6.0), rel=1e-6)
+  # update noise only: drawn from the round's key itself
+  out, state = component(0.0, 0.9).server_stage(mean, {"clip": jnp.float32(0.5)},
+                                                {"dp": jnp.float32(6.0)}, ctx)
+  chex.assert_trees_all_close(out, _pinned_noise(mean, key, 0.9 * 0.5 / E), rtol=1e-6)
+  assert float(state["clip"]) == pytest.approx(clip_after(6.0), rel=1e-6)
+  # both: split(key) -> (update noise key, count noise key)
+  k_update, k_count = jax.random.split(key)
+  noisy_count = 6.0 + 0.75 * float(jax.random.normal(k_count, (), jnp.float32))
+  out, state = component(0.75, 0.9).server_stage(mean, {"clip": jnp.float32(0.5)},
+                                                 {"dp": jnp.float32(6.0)}, ctx)
+  chex.assert_trees_all_close(out, _pinned_noise(mean, k_update, 0.9 * 0.5 / E), rtol=1e-6)
+  assert float(state["clip"]) == pytest.approx(clip_after(noisy_count), rel=1e-5)
+
+
+def test_apply_wires_the_aggregator_the_noise_and_the_hparams():
+  base = make_algorithm("scaffold", client_lr=0.1, local_steps=2, batch_size=8,
+                        weighting="num_examples")  # DP makes it uniform
+  s = privacy.DPSettings(clip=0.5, noise_multiplier=1.0, delta=1e-6, accountant="pld",
+                         sampling="poisson").check()
+  alg = privacy.apply(base, s, N, C)
+  assert {k: alg.hparams[k] for k in ("weighting", "aggregator", "dp_clip",
+                                      "dp_noise_multiplier", "dp_delta", "dp_accountant",
+                                      "client_sampling")} == dict(
+      weighting="uniform", aggregator="clipped_mean", dp_clip=0.5, dp_noise_multiplier=1.0,
+      dp_delta=1e-6, dp_accountant="pld", client_sampling="poisson")
+  assert not any(k.startswith("dp_adaptive") for k in alg.hparams)
+  assert alg.weighting == "uniform" and alg.client_sampling == "poisson"
+  assert [c.name for c in alg.components] == ["dp", "scaffold"]
+  assert alg.aggregator.name == "clipped_mean[C=0.5]"
+  assert alg.aggregator.lift.reads_context is False
+  total = {"w": jnp.asarray([8.0, -2.0])}
+  np.testing.assert_allclose(_flat(alg.aggregator.finalize((total, jnp.float32(3.0)))),
+                             np.array([8.0, -2.0]) / C)  # Poisson: divided by E = C
+  fixed = privacy.apply(base, dataclasses.replace(s, accountant="rdp", sampling="fixed"), N, C)
+  np.testing.assert_allclose(_flat(fixed.aggregator.finalize((total, jnp.float32(4.0)))),
+                             np.array([8.0, -2.0]) / 4)  # fixed: the present count
+  assert fixed.client_sampling == "fixed" and fixed.hparams["client_sampling"] == "fixed"
+  ad = privacy.apply(base, privacy.DPSettings(clip=0.5, noise_multiplier=1.5,
+                                              adaptive_quantile=0.4, clip_lr=0.3,
+                                              clip_count_stddev=2.0).check(), N, C)
+  assert ad.aggregator.lift.reads_context is True
+  assert {k: ad.hparams[k] for k in ("dp_adaptive_quantile", "dp_clip_lr",
+                                     "dp_clip_count_stddev")} == dict(
+      dp_adaptive_quantile=0.4, dp_clip_lr=0.3, dp_clip_count_stddev=2.0)
+  # Andrew et al. 2021, Thm. 1: 1/z^2 = 1/sigma_update^2 + 1/(2 sigma_b)^2
+  assert ad.hparams["dp_update_noise_multiplier"] == pytest.approx(
+      1.0 / math.sqrt(1.0 / 1.5 ** 2 - 1.0 / 4.0 ** 2), rel=1e-12)
+
+
+@pytest.mark.parametrize("z,count_std", [(2.0, 1.0), (3.0, 1.5), (2.5, 1.0)])
+def test_adaptive_count_noise_must_exceed_half_sigma(z, count_std):
+  """2 sigma_b <= z has no update noise that keeps the total at z (the bound included)."""
+  with pytest.raises(ValueError, match="must exceed half the noise multiplier"):
+    privacy.apply(_fedavg(), privacy.DPSettings(clip=0.5, noise_multiplier=z,
+                                                adaptive_quantile=0.5,
+                                                clip_count_stddev=count_std).check(), N, C)
+
+
+def test_adaptive_without_noise_adds_no_noise_anywhere():
+  alg = privacy.apply(_fedavg(), privacy.DPSettings(clip=0.5, noise_multiplier=0.0,
+                                                    adaptive_quantile=0.5).check(), N, C)
+  assert alg.hparams["dp_update_noise_multiplier"] == 0.0
+  assert alg.hparams["dp_clip_count_stddev"] == 0.0
+
+
+def _direct_epsilon(sigma, delta, sampling, n, c, rounds):
+  """dp-accounting called directly (RDP)."""
+  g = dpa.GaussianDpEvent(sigma)
+  if sampling == "poisson":
+    one, rel = dpa.PoissonSampledDpEvent(c / n, g), dpa.NeighboringRelation.ADD_OR_REMOVE_ONE
+  else:
+    one, rel = dpa.SampledWithoutReplacementDpEvent(n, c, g), dpa.NeighboringRelation.REPLACE_ONE
+  acc = rdp.RdpAccountant(neighboring_relation=rel)
+  return acc.compose(dpa.SelfComposedDpEvent(one, rounds)).get_epsilon(delta)
+
+
+def test_epsilon_of_one_round_and_of_sigma_one():
+  for sampling in ("poisson", "fixed"):
+    assert privacy.epsilon(1.0, 1e-5, "rdp", sampling, N, C, 1) == pytest.approx(
+        _direct_epsilon(1.0, 1e-5, sampling, N, C, 1), rel=1e-12)
+
+
+def _bisection(target, delta, sampling, n, c, rounds, rtol):
+  """The documented search, written out: double sigma from 1 until the target holds, then
+  bisect [0, hi] until hi - lo <= rtol hi; return hi."""
+  eps = lambda s: _direct_epsilon(s, delta, sampling, n, c, rounds)  # noqa: E731
+  hi = 1.0
+  while eps(hi) > target:
+    hi = 2 * hi
+  lo = 0.0
+  while (hi - lo) > rtol * hi:
+    mid = (lo + hi) / 2
+    if eps(mid) <= target:
+      hi = mid
+    else:
+      lo = mid
+  return hi
+
+
+@pytest.mark.timeout(120)  # a broken search loops forever
+@pytest.mark.parametrize("sampling,target,rtol", [
+    ("poisson", 30.0, 0.02), ("fixed", 2.0, 0.25), ("poisson", 3.0, 1e-3),
+    ("fixed", 8.0, 0.5), ("poisson", 30.0, 1.0)])
+def test_solve_noise_is_the_bisection(sampling, target, rtol):
+  got = privacy.solve_noise(target, 1e-5, "rdp", sampling, N, C, 10, rtol=rtol)
+  assert got == _bisection(target, 1e-5, sampling, N, C, 10, rtol)
+  assert privacy.epsilon(got, 1e-5, "rdp", sampling, N, C, 10) <= target
+  assert privacy.epsilon(got * (1 - rtol), 1e-5, "rdp", sampling, N, C, 10) > target
+
+
+@pytest.mark.timeout(120)  # a broken search loops forever
+@pytest.mark.parametrize("sigma", [0.5, 2.0, 512.0])
+def test_solve_noise_of_a_reachable_target_on_the_grid_is_exact(sigma):
+  """A target that is exactly epsilon(sigma) for sigma on the bisection grid: sigma itself
+  (its epsilon is 'at most' the target), also at 512, the last doubling below SIGMA_MAX."""
+  target = privacy.epsilon(sigma, 1e-5, "rdp", "poisson", N, C, 10)
+  assert privacy.solve_noise(target, 1e-5, "rdp", "poisson", N, C, 10) == sigma

@@ -1,6 +1,8 @@
 """Issue 26: robust aggregators against independent references (numpy, scipy, Python
 loops, a brute-force minimizer), attacks / dropout / stragglers / availability against the
 slow per-client loop of tests/reference.py, FedNova, and bit-identity without them."""
+import math
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -11,6 +13,7 @@ import scipy.stats
 
 from fedjax_inv import robust
 from fedjax_inv.algorithms import make_algorithm
+from fedjax_inv.core import adversary
 from fedjax_inv.core.adversary import Attack, Participation
 from fedjax_inv.core.engine import build_round, init_state
 from tests.reference import reference_run, round_keys
@@ -328,3 +331,351 @@ def test_fednova_equals_fedavg_with_equal_steps_and_normalizes_unequal_ones():
 def test_bad_settings_are_named(call, match):
   with pytest.raises(ValueError, match=match):
     call()
+
+
+# ---------------------------------------------------------------------------------------
+# The pieces, one by one (mutation tests): edge counts of present clients, unit weights,
+# the defaults, the checks at their bounds, FedNova's formula, the attacks' formulas
+# ---------------------------------------------------------------------------------------
+
+
+def _unit_stack(present, seed=3, scale=1.0):
+  """A stack of 6 clients (two leaves) with weights 1.0 / 0.5 for the present ones and 0
+  for the others, whose updates hold NaN (an absent client adds nothing)."""
+  rng = np.random.default_rng(seed)
+  c = 6
+  msgs = {"a": (rng.normal(size=(c, 2, 2)) * scale).astype(np.float32),
+          "b": (rng.normal(size=(c, 3)) * scale).astype(np.float32)}
+  w = np.zeros(c, np.float32)
+  w[list(present)] = [1.0 if i % 2 == 0 else 0.5 for i in range(len(present))]
+  x = np.concatenate([msgs["a"].reshape(c, -1), msgs["b"]], axis=1)
+  xp = x[list(present)]
+  for leaf in msgs.values():
+    leaf[w == 0] = np.nan
+  return msgs, w, xp
+
+
+def test_robust_aggregators_are_named_and_gathered():
+  aggs = {"median": robust.median(), "trimmed_mean(0.1)": robust.trimmed_mean(),
+          "krum(f=1)": robust.krum(), "multi_krum(f=2,m=3)": robust.krum(2, 3),
+          "geomed": robust.geometric_median(), "centered_clip(1)": robust.centered_clip(),
+          "bucketing(3)+median": robust.bucketing(robust.median(), 3)}
+  for name, agg in aggs.items():
+    assert agg.name == name and agg.gather is True, name
+  assert aggs["krum(f=1)"].finalize.krum_f == 1 and aggs["multi_krum(f=2,m=3)"].finalize.krum_f == 2
+  b = aggs["bucketing(3)+median"].finalize
+  assert b.needs_key is True and b.bucket == 3 and b.inner.name == "median"
+
+
+def _few_present_want(name, xp, wp):
+  """The reference of each aggregator over the present rows ``xp`` (weights ``wp``)."""
+  if name == "median":
+    return np.median(xp, axis=0)
+  if name == "trimmed":
+    return scipy.stats.trim_mean(xp, 0.34, axis=0)
+  if name == "cclip":  # tau large: one step is the mean
+    return xp.mean(0)
+  if name == "geomed":
+    return _weiszfeld(xp, wp, 100, 1e-9)
+  m = 1 if name == "krum" else 2
+  return xp[0] if len(xp) == 1 else _krum_loop(xp, 1, m)  # a client alone is its own
+
+
+@pytest.mark.parametrize("name", ["median", "trimmed", "krum", "multi_krum", "geomed",
+                                  "cclip"])
+def test_few_present_clients_with_unit_weights(name):
+  """One to four present clients (weights 1 and 0.5, NaN in the absent ones) and none."""
+  agg = {"median": robust.median, "trimmed": lambda: robust.trimmed_mean(0.34),
+         "krum": lambda: robust.krum(1, 1), "multi_krum": lambda: robust.krum(1, 2),
+         "geomed": lambda: robust.geometric_median(iters=100, nu=1e-9),
+         "cclip": lambda: robust.centered_clip(100.0, 1)}[name]()
+  for present in [(), (4,), (1, 4), (0, 2, 5), (0, 1, 2, 4)]:
+    msgs, w, xp = _unit_stack(present)
+    got = _run(agg, msgs, w)
+    if not present:
+      np.testing.assert_array_equal(got, np.zeros(7))
+    else:
+      tol = dict(geomed=dict(rtol=1e-4, atol=1e-5), median=dict(rtol=1e-6, atol=1e-6)).get(
+          name, dict(rtol=1e-5, atol=1e-6))
+      np.testing.assert_allclose(got, _few_present_want(name, xp, w[w > 0]),
+                                 err_msg=str(present), **tol)
+
+
+@pytest.mark.parametrize("present", [(0, 1, 3, 4, 5), (1, 4), (2,)])
+def test_krum_scores_on_close_points_are_the_python_loop(present):
+  """Squared distances below 1 (a floor at 1 would show), k - f - 2 <= 1, two clients (one
+  neighbour each) and a client alone (no neighbour: score 0)."""
+  msgs, w, xp = _unit_stack(present, seed=4, scale=0.05)
+  x = np.concatenate([np.nan_to_num(msgs["a"]).reshape(6, -1), np.nan_to_num(msgs["b"])], 1)
+  for f in (0, 1, 2):
+    got = np.asarray(robust.krum_scores(jnp.asarray(x), jnp.asarray(w > 0), f))
+    n = len(xp)
+    for row, i in enumerate(present):
+      d = sorted(float(np.sum((xp[row] - xp[j]) ** 2)) for j in range(n) if j != row)
+      assert got[i] == pytest.approx(sum(d[:max(n - f - 2, 1)]), rel=1e-4), (f, i)
+    assert np.all(np.isinf(got[w == 0]))
+    if n == 1:
+      continue
+    for m in (1, 2):
+      np.testing.assert_allclose(_run(robust.krum(f, m), msgs, w), _krum_loop(xp, f, m),
+                                 rtol=1e-5, atol=1e-7)
+
+
+def _weiszfeld(xp, a, iters, nu):
+  """RFA's smoothed Weiszfeld (Pillutla et al. 2022, Alg. 3) in float64, from the
+  weighted mean."""
+  xp, a = xp.astype(np.float64), a.astype(np.float64)
+  z = a @ xp / a.sum()
+  for _ in range(iters):
+    beta = a / np.maximum(np.linalg.norm(xp - z, axis=1), nu)
+    z = beta @ xp / beta.sum()
+  return z
+
+
+def test_geometric_median_defaults_and_few_steps_are_weiszfeld():
+  msgs, w, xp, wp = _stack()
+  np.testing.assert_allclose(_run(robust.geometric_median(), msgs, w),
+                             _weiszfeld(xp, wp, 8, 1e-6), rtol=1e-4, atol=1e-5)
+  for iters in (1, 2):
+    np.testing.assert_allclose(_run(robust.geometric_median(iters=iters), msgs, w),
+                               _weiszfeld(xp, wp, iters, 1e-6), rtol=1e-4, atol=1e-5)
+  # the smoothing nu decides where z stops next to ten clients at 0 (one more at e_1)
+  pts = np.zeros((11, 7), np.float32)
+  pts[10, 0] = 1.0
+  stack = {"a": pts[:, :4].reshape(11, 2, 2), "b": pts[:, 4:]}
+  ones = np.ones(11, np.float32)
+  want = _weiszfeld(pts, ones, 8, 1e-6)
+  assert 5e-8 < want[0] < 5e-7
+  np.testing.assert_allclose(_run(robust.geometric_median(), stack, ones), want, rtol=1e-3,
+                             atol=1e-12)
+
+
+def test_centered_clip_and_trimmed_mean_defaults():
+  msgs, w, xp, _ = _stack()
+  diff = xp.astype(np.float64)
+  v = np.mean(diff * np.minimum(1.0, 1.0 / np.linalg.norm(diff, axis=1))[:, None], axis=0)
+  np.testing.assert_allclose(_run(robust.centered_clip(), msgs, w), v, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(_run(robust.trimmed_mean(), msgs, w),
+                             scipy.stats.trim_mean(xp, 0.1, axis=0), rtol=1e-5, atol=1e-6)
+
+
+def test_constructor_checks_at_their_bounds():
+  from types import SimpleNamespace
+  for ok in (lambda: robust.trimmed_mean(0.0), lambda: robust.krum(0, 1),
+             lambda: robust.geometric_median(iters=1, nu=1e-12),
+             lambda: robust.centered_clip(1e-6, 1), lambda: robust.bucketing(robust.median(), 1),
+             lambda: robust.bucketing(robust.bucketing(robust.median(), 2), 2)):
+    ok()
+  for bad, match in [
+      (lambda: robust.trimmed_mean(False), "beta=False"),
+      (lambda: robust.krum(f=True), "krum f=True"), (lambda: robust.krum(m=True), "krum m=True"),
+      (lambda: robust.krum(m=0), "krum m=0"), (lambda: robust.krum(f=-1), "krum f=-1"),
+      (lambda: robust.geometric_median(iters=True), "iters=True"),
+      (lambda: robust.geometric_median(iters=0), "iters=0"),
+      (lambda: robust.geometric_median(nu=0.0), "nu=0.0"),
+      (lambda: robust.centered_clip(0.0), "tau=0.0"),
+      (lambda: robust.centered_clip(math.inf), "tau=inf"),
+      (lambda: robust.centered_clip(iters=True), "iters=True"),
+      (lambda: robust.bucketing(robust.median(), True), "s=True"),
+      (lambda: robust.bucketing(robust.median(), 0), "s=0"),
+      (lambda: robust.bucketing(SimpleNamespace(lift=None, finalize=None, name="dup"), 2),
+       "'dup' is not one")]:
+    with pytest.raises(ValueError, match=match):
+      bad()
+
+
+def _bucket_means(key, s, rows, weights):
+  """The documented shuffle (present clients first, in the order of a uniform draw), then
+  the means of consecutive groups of s."""
+  u = np.asarray(jax.random.uniform(jax.random.fold_in(key, 0xB0C), (len(weights),)))
+  order = [i for i in sorted(range(len(weights)), key=lambda i: u[i]) if weights[i] > 0]
+  return np.stack([rows[order[j:j + s]].mean(0) for j in range(0, len(order), s)])
+
+
+def _bucket_stack():
+  msgs, w, _ = _unit_stack((0, 1, 3, 4, 5))
+  x = np.concatenate([msgs["a"].reshape(len(w), -1), msgs["b"]], axis=1)
+  return msgs, w, x
+
+
+def test_bucketing_with_unit_weights_and_the_default_key():
+  msgs, w, x = _bucket_stack()
+  got = _run(robust.bucketing(robust.median(), 2), msgs, w)  # no key: key(0)
+  assert np.all(np.isfinite(got))
+  np.testing.assert_allclose(got, np.median(_bucket_means(jax.random.key(0), 2, x, w), axis=0),
+                             rtol=1e-5, atol=1e-6)
+
+
+def test_bucketing_nested_and_around_any_gathered_aggregator():
+  msgs, w, x = _bucket_stack()
+  # nested: the inner bucketing gets the same key (key(0) would give another answer here)
+  key = jax.random.key(1)
+  got = _run(robust.bucketing(robust.bucketing(robust.median(), 2), 2), msgs, w, key=key)
+  inner = _bucket_means(key, 2, x, w)
+  want = np.median(_bucket_means(key, 2, inner, np.ones(len(inner))), axis=0)
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+  other = np.median(_bucket_means(jax.random.key(0), 2, inner, np.ones(len(inner))), axis=0)
+  assert np.max(np.abs(other - want)) > 1e-2
+  # any gathered aggregator, also one whose finalize takes no key
+  from fedjax_inv.core.aggregator import Aggregator
+
+  def present_mean(stacked):
+    messages, weights = stacked
+    keep = (weights > 0).astype(jnp.float32)
+    return jax.tree.map(lambda v: jnp.tensordot(keep, v, axes=1) / jnp.sum(keep), messages)
+  plain = Aggregator(lambda m, wt: (m, wt), present_mean, "present_mean", gather=True)
+  got = _run(robust.bucketing(plain, 2), msgs, w, key=key)
+  np.testing.assert_allclose(got, _bucket_means(key, 2, x, w).mean(0), rtol=1e-5, atol=1e-6)
+
+
+def test_check_cohort_is_strict_and_counts_buckets():
+  robust.check_cohort(robust.krum(1), 5)  # 5 > 2f + 2 = 4
+  robust.check_cohort(robust.krum(2), 7)
+  robust.check_cohort(robust.median(), 1)
+  robust.check_cohort(robust.bucketing(robust.median(), 2), 1)
+  robust.check_cohort(robust.bucketing(robust.krum(1), 2), 9)  # 5 buckets
+  with pytest.raises(ValueError,
+                     match=r"needs more than 2f\+2 = 4 inputs, got 4 clients per round"):
+    robust.check_cohort(robust.krum(1), 4)
+  with pytest.raises(ValueError, match=r"got 4 buckets \(of 2 clients\)"):
+    robust.check_cohort(robust.bucketing(robust.krum(1), 2), 7)
+
+
+def test_fednova_lift_and_finalize_are_the_formula():
+  from types import SimpleNamespace
+  agg = robust.fednova(4)
+  assert agg.name == "fednova" and agg.lift.reads_context is True and not agg.gather
+  m = {"a": jnp.asarray([2.0, -6.0]), "b": jnp.asarray(8.0)}
+  for ctx, tau in ((None, 4.0), (SimpleNamespace(local_steps=None), 4.0),
+                   (SimpleNamespace(local_steps=jnp.int32(2)), 2.0)):
+    for weight in (1.0, 0.5):
+      scaled, wt, wtau = agg.lift(m, jnp.float32(weight), ctx=ctx)
+      np.testing.assert_allclose(_flat_tree(scaled), weight * np.array([2.0, -6.0, 8.0]) / tau)
+      assert float(wt) == weight and float(wtau) == weight * tau
+  nan = jax.tree.map(lambda v: jnp.full_like(v, jnp.nan), m)
+  scaled, wt, wtau = agg.lift(nan, jnp.float32(0.0))
+  assert np.all(_flat_tree(scaled) == 0) and float(wt) == 0 and float(wtau) == 0
+
+  def run(deltas, weights, taus):
+    stats = [agg.lift(d, jnp.float32(wi), ctx=SimpleNamespace(local_steps=jnp.int32(t)))
+             for d, wi, t in zip(deltas, weights, taus)]
+    total = jax.tree.map(lambda *s: sum(s), *stats)
+    return _flat_tree(agg.finalize(total))
+  d1, d2 = {"a": jnp.asarray([1.0, 2.0]), "b": jnp.asarray(3.0)}, \
+      {"a": jnp.asarray([-4.0, 0.5]), "b": jnp.asarray(1.0)}
+  weights, taus = (0.25, 0.5), (2, 4)  # the weights sum below 1
+  p = np.array(weights) / sum(weights)
+  want = float(np.dot(p, taus)) * sum(pi * _flat_tree(d) / t for pi, d, t in zip(p, (d1, d2), taus))
+  np.testing.assert_allclose(run((d1, d2), weights, taus), want, rtol=1e-6)
+  np.testing.assert_allclose(run((d1,), (1.0,), (3,)), _flat_tree(d1), rtol=1e-6)  # alone
+  np.testing.assert_array_equal(run((d1, d2), (0.0, 0.0), (2, 4)), np.zeros(3))  # nobody
+
+
+def _flat_tree(t):
+  return np.concatenate([np.asarray(v, np.float64).ravel() for v in jax.tree.leaves(t)])
+
+
+# ------------------------------------------------------------------ core/adversary.py
+
+
+def test_masks_slots_says_whether_a_slot_can_be_empty():
+  P = Participation
+  assert [P(**kw).masks_slots for kw in (
+      {}, dict(straggler_mode="drop"), dict(stragglers=0.5), dict(availability=0.5),
+      dict(dropout=0.1), dict(stragglers=0.5, straggler_mode="drop"),
+      dict(availability=1.0, dropout=0.0, stragglers=0.0, straggler_mode="drop"))] == [
+      False, False, False, True, True, True, False]
+
+
+def test_attackers_are_the_first_of_the_documented_permutation():
+  key = jax.random.key(4)
+  for n, fraction in ((10, 0.35), (7, 0.5), (5, 0.0)):
+    got = np.asarray(adversary.attackers(key, n, fraction))
+    perm = np.asarray(jax.random.permutation(jax.random.fold_in(key, 0xA77AC), n))
+    want = np.zeros(n, bool)
+    want[perm[:int(np.floor(fraction * n))]] = True
+    np.testing.assert_array_equal(got, want)
+
+
+def test_available_sample_draws_the_cohort_from_the_online_clients():
+  key = jax.random.key(6)
+  n, cohort = 9, 4
+  k_on, k_pick = jax.random.split(jax.random.fold_in(key, 0xA7A1))
+  u_on = np.asarray(jax.random.uniform(k_on, (n,)))
+  u_pick = np.asarray(jax.random.uniform(k_pick, (n,)))
+  # an availability equal to a client's draw leaves that client offline (u < P)
+  for p in (0.3, 0.8, 1.0, float(u_on[3])):
+    online = [i for i in range(n) if u_on[i] < p]
+    chosen = sorted(online, key=lambda i: u_pick[i])[:cohort]
+    want = chosen + [n] * (cohort - len(chosen))
+    got = np.asarray(adversary.available_sample(key, n, cohort, p))
+    assert got.dtype == np.int32 and got.tolist() == want, p
+  assert len([i for i in range(n) if u_on[i] < 0.3]) < cohort  # some slots are empty
+
+
+def test_straggler_steps_is_the_documented_draw():
+  for s in range(12):
+    key = jax.random.key(s)
+    k1, k2 = jax.random.split(jax.random.fold_in(key, 0x57A6))
+    u = float(jax.random.uniform(k1))
+    for steps in (1, 2, 5):
+      for fraction in (0.5, u):  # a fraction equal to the draw: not a straggler (u < F)
+        slow, got = adversary.straggler_steps(key, jnp.int32(steps), fraction)
+        want_slow = u < fraction
+        want = int(jax.random.randint(k2, (), 1, max(steps, 2))) if want_slow else steps
+        assert bool(slow) == want_slow and int(got) == want, (s, steps, fraction)
+        assert 1 <= int(got) <= steps
+
+
+def test_flip_labels_maps_y_to_k_minus_1_minus_y():
+  y = jnp.asarray([0, 1, 2, 1], jnp.int32)
+  assert adversary.flip_labels(y, 3).tolist() == [2, 1, 0, 1]
+  assert adversary.flip_labels(jnp.asarray([0, 1]), 1).tolist() == [1, 0]  # binary
+  assert adversary.flip_labels(jnp.asarray([0.0, 1.0]), 2).dtype == jnp.float32
+
+
+@pytest.mark.parametrize("n,f", [(10, 2), (7, 1), (9, 0), (1, 0), (1, 1), (0, 0), (4, 3)])
+def test_alie_z_is_baruch_et_al(n, f):
+  s = np.floor(max(n, 1) / 2 + 1) - f
+  want = scipy.stats.norm.ppf(np.clip((max(n, 1) - s) / max(n, 1), 1e-6, 1 - 1e-6))
+  got = float(adversary.alie_z(jnp.int32(n), jnp.int32(f)))
+  assert got == pytest.approx(want, rel=1e-3)  # float32: 1 - 1e-6 is 0.99999899
+
+
+_MANY = ([1, 1, 0, 1, 1, 1], [0, 1, 1, 0, 1, 0])  # client 2 is malicious but absent
+_FEW = ([0, 1, 0, 1, 0, 0], [0, 0, 1, 1, 0, 0])  # one present attacker, one honest client
+
+
+@pytest.mark.parametrize("name,kw,who", [
+    ("sign_flip", {}, _MANY), ("scale", {}, _MANY), ("scale", dict(scale=-2.5), _MANY),
+    ("gaussian", dict(sigma=0.7), _MANY), ("alie", {}, _MANY), ("alie", {}, _FEW),
+    ("alie", {}, ([0, 0, 0, 1, 0, 0], [0, 0, 0, 1, 0, 0])), ("ipm", dict(eps=0.3), _MANY),
+    ("ipm", dict(eps=0.3), _FEW), ("label_flip", {}, _MANY)])
+def test_apply_attack_is_each_formula_on_the_stack(name, kw, who):
+  rng = np.random.default_rng(8)
+  c = 6
+  msgs = {"a": rng.normal(size=(c, 2, 2)).astype(np.float32),
+          "b": rng.normal(size=(c, 3)).astype(np.float32)}
+  present, bad = (np.array(v, bool) for v in who)
+  key = jax.random.key(2)
+  attack = Attack(name, 0.3, **kw)
+  got = adversary.apply_attack(attack, jax.tree.map(jnp.asarray, msgs), jnp.asarray(present),
+                               jnp.asarray(bad), key, cohort=5)
+  x = np.concatenate([msgs["a"].reshape(c, -1), msgs["b"]], axis=1).astype(np.float64)
+  hit = bad & present
+  y = x.copy()
+  if name == "sign_flip":
+    y[hit] = -x[hit]
+  elif name == "scale":
+    y[hit] = kw.get("scale", 5.0) * x[hit]
+  elif name == "gaussian":
+    y[hit] = 0.7 * np.asarray(jax.random.normal(jax.random.fold_in(key, 0x6A55), x.shape))[hit]
+  elif name == "alie":
+    mu, sd = x[present].mean(0), x[present].std(0)
+    k, nb = present.sum(), hit.sum()
+    z = scipy.stats.norm.ppf(np.clip((k - (np.floor(k / 2 + 1) - nb)) / k, 1e-6, 1 - 1e-6))
+    y[hit] = mu - z * sd
+  elif name == "ipm":
+    y[hit] = -0.3 * x[present & ~bad].mean(0)
+  out = np.concatenate([np.asarray(got["a"]).reshape(c, -1), np.asarray(got["b"])], axis=1)
+  np.testing.assert_allclose(out, y, rtol=1e-5, atol=1e-6)

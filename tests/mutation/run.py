@@ -1,4 +1,4 @@
-"""Mutation testing of the math core (issue 29). Not part of CI: about an hour on 2 cores.
+"""Mutation testing of the math core (issue 29). Not part of CI: about two hours on 2 cores.
 
 The mutants are mutmut's (``mutmut==2.5.1``: ``list_mutations`` / ``mutate``, one operator
 change per mutant: ``+``→``-``, ``<``→``<=``, ``0``→``1``, ``x``→``None``, ...). This
@@ -11,7 +11,9 @@ first, in a fresh interpreter), and puts the original back.
 Scope (the same rule for every module): only lines inside functions (module-level aliases
 and constants are not the math), no decorator lines (dropping ``@jax.jit`` is equivalent
 by design), and no line inside a ``raise`` statement (an error message's text; the check
-that decides to raise is mutated). ``core/client.py`` is limited to ``local_train``.
+that decides to raise is mutated). ``core/client.py`` is limited to ``local_train``;
+``privacy.py``, ``dp_sgd.py``, ``robust.py`` and ``core/adversary.py`` leave out their CLI
+glue (flag validation, spec parsing, summary fields), as ``MODULES`` says for each.
 
 Status per mutant: ``killed`` (the tests failed or errored, or ran past the time limit),
 ``survived`` (the tests passed). Results persist in ``<dir>/<name>.state.json``: a killed
@@ -47,6 +49,7 @@ REPO = HERE.parent.parent
 sys.path.insert(0, str(HERE))
 
 MASKED = "tests/test_masked_rows.py::"
+PRIVACY, DP_SGD, ROBUST = (f"tests/test_{m}.py::" for m in ("privacy", "dp_sgd", "robust"))
 MARKER = ".fedjax_inv_mutation_scratch"
 # name: (module, functions ('*' = every function), tests fastest first). A surviving
 # mutant costs the whole list, so it names the tests aimed at the module only (the
@@ -72,6 +75,83 @@ MODULES = {
             "test_per_sample_irm_v1", "test_fishr_grad_variance_binary",
             "test_fishr_grad_variance_multiclass", "test_l2r", "test_fedsr_cmi_term",
             "test_penalties_zero_total_weight")]),
+    # DP-FedAvg's math: clipping, the noise stage, adaptive clipping, the wiring and the
+    # accounting. Left out: DPSettings.check (the CLI flags' validation), record /
+    # not_covered / resolve (summary.json's fields and glue), is_number / quiet_epsilon.
+    "privacy": ("fedjax_inv/privacy.py", "clipped_mean,dp_component,apply,_adaptive,dp_event,"
+                "_accountant,epsilon,solve_noise", [PRIVACY + t for t in (
+                    "test_clipped_mean_finalize_and_the_adaptive_lift",
+                    "test_dp_noise_stage_adds_sigma_clip_over_e_from_the_round_key",
+                    "test_adaptive_dp_component_message_sum_and_clip_update",
+                    "test_apply_wires_the_aggregator_the_noise_and_the_hparams",
+                    "test_adaptive_count_noise_must_exceed_half_sigma",
+                    "test_adaptive_without_noise_adds_no_noise_anywhere",
+                    "test_epsilon_of_one_round_and_of_sigma_one",
+                    "test_solve_noise_of_a_reachable_target_on_the_grid_is_exact",
+                    "test_solve_noise_is_the_bisection",
+                    "test_clipping_bounds_every_norm_and_keeps_small_updates",
+                    "test_epsilon_edge_cases", "test_epsilon_equals_dp_accounting_called_directly",
+                    "test_epsilon_equals_pfl_research", "test_adaptive_noise_split_and_its_checks",
+                    "test_what_dp_covers_is_recorded_and_non_mean_servers_are_refused",
+                    "test_a_dp_round_equals_a_numpy_loop",
+                    "test_adaptive_clip_update_equals_its_formula_on_a_numpy_loop",
+                    "test_noise_std_is_sigma_clip_over_the_expected_cohort")]),
+    # DP-SGD's clipping and noise, the estimator, the wiring and the per-example
+    # accounting; DPSGDSettings.check (the CLI flags' validation) left out.
+    "dp_sgd": ("fedjax_inv/dp_sgd.py", "clip_and_noise,dp_sgd_component,apply,client_epsilon,"
+               "record", [DP_SGD + t for t in (
+                   "test_clip_and_noise_draws_the_documented_noise",
+                   "test_estimator_clips_each_example_of_the_step",
+                   "test_apply_wires_the_component_and_names_what_it_refuses",
+                   "test_client_epsilon_at_sigma_one_and_for_tiny_clients",
+                   "test_record_is_the_documented_summary",
+                   "test_clip_and_noise_is_the_formula_and_every_clipped_norm_is_at_most_c",
+                   "test_noise_std_is_sigma_c_over_the_batch_size",
+                   "test_epsilon_equals_dp_accounting_called_directly",
+                   "test_record_reports_the_worst_client",
+                   "test_algorithms_it_cannot_cover_are_refused",
+                   "test_no_clip_and_no_noise_is_plain_fedavg_over_a_full_batch",
+                   "test_clipped_steps_equal_the_python_loop[scan]")]),
+    # The robust aggregators, bucketing, Krum's cohort check and FedNova. Left out: parse
+    # (the --aggregator spec's parsing) and configure (CLI glue: hparams and checks).
+    "robust": ("fedjax_inv/robust.py", "_gathered,_sorted_present,median,trimmed_mean,"
+               "krum_scores,krum,geometric_median,centered_clip,bucketing,check_cohort,fednova",
+               [ROBUST + t for t in (
+                   "test_robust_aggregators_are_named_and_gathered",
+                   "test_constructor_checks_at_their_bounds",
+                   "test_check_cohort_is_strict_and_counts_buckets",
+                   "test_fednova_lift_and_finalize_are_the_formula",
+                   "test_few_present_clients_with_unit_weights",
+                   "test_krum_scores_on_close_points_are_the_python_loop",
+                   "test_geometric_median_defaults_and_few_steps_are_weiszfeld",
+                   "test_centered_clip_and_trimmed_mean_defaults",
+                   "test_bucketing_with_unit_weights_and_the_default_key",
+                   "test_bucketing_nested_and_around_any_gathered_aggregator",
+                   "test_median_is_numpy_median", "test_trimmed_mean_is_scipy_trim_mean",
+                   "test_krum_and_multi_krum_are_the_python_loop",
+                   "test_geometric_median_minimizes_the_summed_distances",
+                   "test_centered_clipping_is_its_formula",
+                   "test_bucketing_averages_shuffled_buckets_then_aggregates",
+                   "test_bad_settings_are_named",
+                   "test_robust_aggregator_in_the_engine_equals_the_loop[median]",
+                   "test_fednova_equals_fedavg_with_equal_steps_and_normalizes_unequal_ones")]),
+    # The attacks and participation draws. Left out: _fraction and the check methods of
+    # Attack / Participation (the CLI flags' validation).
+    "adversary": ("fedjax_inv/core/adversary.py", "masks_slots,attackers,available_sample,"
+                  "straggler_steps,flip_labels,alie_z,apply_attack", [ROBUST + t for t in (
+                      "test_masks_slots_says_whether_a_slot_can_be_empty",
+                      "test_flip_labels_maps_y_to_k_minus_1_minus_y",
+                      "test_alie_z_is_baruch_et_al",
+                      "test_attackers_are_the_first_of_the_documented_permutation",
+                      "test_available_sample_draws_the_cohort_from_the_online_clients",
+                      "test_straggler_steps_is_the_documented_draw",
+                      "test_apply_attack_is_each_formula_on_the_stack",
+                      "test_attack_equals_the_python_loop[sign_flip]",
+                      "test_attack_equals_the_python_loop[label_flip]",
+                      "test_participation_equals_the_python_loop[scan-dropout]",
+                      "test_participation_equals_the_python_loop[scan-stragglers_keep]",
+                      "test_participation_equals_the_python_loop[scan-stragglers_drop]",
+                      "test_availability_draws_the_cohort_from_online_clients")]),
 }
 
 
