@@ -95,7 +95,7 @@ RUN_KEYS = {
     "source": (str, "data source: auto | raw | tfds | bundled | synthetic (femnist, "
                     "shakespeare, cifar100_fed: a generated pool of the real shape) | hf "
                     "(femnist, shakespeare, cifar100_fed, task hf: the Hugging Face hub's "
-                    "copy through Flower Datasets; pip install 'fedjax_inv[hf]'); "
+                    "copy through Flower Datasets); "
                     "default auto"),
     "download": (bool, "download missing raw data (opt-in; short timeout); default off"),
     "hp": (list, "algorithm hyperparameter NAME=VALUE, or ALGORITHM.NAME=VALUE for one "

@@ -99,7 +99,7 @@ def test_dirichlet_gives_up_with_a_clear_error():
   with pytest.raises(ValueError, match="raise alpha"):
     # Two classes, each landing whole on one client: 8 of 10 clients stay empty.
     P.dirichlet_label_partition(labels_of(50, num_classes=2), 10, alpha=1e-4, seed=0,
-                                min_size=1, max_tries=3)
+                                min_size=1)
 
 
 def test_partitioners_reject_bad_labels():
@@ -120,11 +120,20 @@ def test_k_classes_gives_exactly_k_classes_and_covers(num_clients, k):
   y = labels_of(60)
   parts = P.k_classes_per_client(y, num_clients, k, seed=7)
   assert len(parts) == num_clients
-  assert_exact_cover(parts, len(y))
-  for p in parts:
-    assert len(np.unique(y[p])) == k
+  owned = [set(np.unique(y[p]).tolist()) for p in parts]
+  for own in owned:
+    assert len(own) == k
+  drawn = set().union(*owned)
+  if num_clients >= 10:  # NIID-Bench's first-deterministic rule gives every class an owner
+    assert drawn == set(range(10))
+  # Every example of a drawn class is used once; classes nobody drew are left out.
+  np.testing.assert_array_equal(np.sort(np.concatenate(parts)),
+                                np.flatnonzero(np.isin(y, sorted(drawn))))
+  # Client i owns class i mod K (classes in sorted order).
+  for i, own in enumerate(owned):
+    assert i % 10 in own
   # Each class is split in equal parts among its owners.
-  for c in range(10):
+  for c in drawn:
     sizes = [int(np.sum(y[p] == c)) for p in parts if np.any(y[p] == c)]
     assert max(sizes) - min(sizes) <= 1
 
@@ -145,7 +154,7 @@ def test_k_classes_errors(num_clients, k, match):
 
 def test_k_classes_error_when_a_class_is_too_small():
   y = np.array([0] * 50 + [1] * 50 + [2])
-  with pytest.raises(ValueError, match="class 2"):
+  with pytest.raises(ValueError, match="Label: 2 is needed"):
     P.k_classes_per_client(y, 20, 3, seed=0)
 
 
@@ -293,9 +302,53 @@ def test_cifar10_noniid_on_fake_batches(tmp_path, monkeypatch):
   monkeypatch.setattr(sources, "load_dataset",
                       functools.partial(sources.load_dataset, verify=False))
   task = tasks.make_task("cifar10_noniid", data_dir=tmp_path, partition="k_classes",
-                         k=2, num_clients=5)
-  assert task.train.num_clients == 5
+                         k=2, num_clients=10)
+  assert task.train.num_clients == 10
   assert task.train.feature_shape == (32, 32, 3)
-  assert int(task.train.n.sum()) == 200
+  assert int(task.train.n.sum()) == 200  # 10 clients >= 10 classes: every image used
+  counts = np.array(task.info["client_label_counts"])
+  assert np.all((counts > 0).sum(axis=1) == 2)
   assert int(task.eval_sets["test"].n[0]) == 40
   assert task.info["dataset_source"] == "raw"
+
+
+# ------------------------------------------------- Flower Datasets' partitioners ---
+
+
+@pytest.mark.parametrize("ours,theirs,kw,flower_kw", [
+    ("iid_partition", "IidPartitioner", {}, {}),
+    ("dirichlet_label_partition", "DirichletPartitioner", dict(alpha=0.3, min_size=5),
+     dict(partition_by="label", alpha=0.3, min_partition_size=5, self_balancing=True)),
+    ("k_classes_per_client", "PathologicalPartitioner", dict(k=2),
+     dict(partition_by="label", num_classes_per_partition=2,
+          class_assignment_mode="first-deterministic")),
+])
+def test_label_partitioners_are_flower_datasets_own(monkeypatch, ours, theirs, kw,
+                                                    flower_kw):
+  """The i.i.d., Dirichlet and #C=k partitioners are flwr_datasets' classes, and give the
+  clients that Flower gives when called directly on the rows shuffled with the seed (as
+  FederatedDataset shuffles them)."""
+  import datasets
+  from flwr_datasets import partitioner as fp
+  y = labels_of(40)
+  seed = 11
+  # Flower called directly: our own table, shuffle and read-back.
+  table = datasets.Dataset.from_dict({"label": y.tolist(), "idx": list(range(len(y)))})
+  direct = getattr(fp, theirs)(num_partitions=10, **flower_kw, **(
+      {} if theirs == "IidPartitioner" else dict(seed=seed)))
+  direct.dataset = table.shuffle(seed=seed)
+  expected = [sorted(direct.load_partition(i)["idx"]) for i in range(10)]
+  # Ours, with a spy on the Flower class it must construct.
+  made = []
+  real = getattr(fp, theirs)
+
+  class Spy(real):
+    def __init__(self, *a, **k):
+      made.append(k)
+      super().__init__(*a, **k)
+
+  monkeypatch.setattr(fp, theirs, Spy)
+  args = (len(y),) if ours == "iid_partition" else (y,)
+  parts = getattr(P, ours)(*args, 10, seed=seed, **kw)
+  assert len(made) == 1 and made[0]["num_partitions"] == 10
+  assert [p.tolist() for p in parts] == expected

@@ -23,7 +23,7 @@ Where the data comes from (first match):
 Without a copy and without ``--download`` the loader raises FileNotFoundError in one line
 naming the dataset, the cache and the two ways to pre-download it. Nothing here is
 imported with ``fedjax_inv``: ``datasets`` and ``flwr_datasets`` are imported on first
-use (``pip install 'fedjax_inv[hf]'``). Flower Datasets' usage telemetry is switched off
+use (both are dependencies of fedjax_inv). Flower Datasets' usage telemetry is switched off
 (``FLWR_TELEMETRY_ENABLED=0``) unless the environment sets it.
 """
 from __future__ import annotations
@@ -45,7 +45,7 @@ _TRUE = ("1", "true", "yes", "on")
 def _import():
   """``(datasets, flwr_datasets)``, imported on first use (telemetry off, short hub
   timeouts unless the environment says otherwise). Raises RuntimeError naming the
-  extra to install."""
+  packages to reinstall."""
   os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
   os.environ.setdefault("HF_HUB_ETAG_TIMEOUT", str(ETAG_TIMEOUT_S))
   os.environ.setdefault("HF_HUB_DOWNLOAD_TIMEOUT", str(DOWNLOAD_TIMEOUT_S))
@@ -54,9 +54,9 @@ def _import():
     import flwr_datasets  # pylint: disable=g-import-not-at-top
     from flwr_datasets.common import telemetry  # pylint: disable=g-import-not-at-top
   except ImportError as e:
-    raise RuntimeError(f"--source hf needs the optional packages 'datasets' and "
-                       f"'flwr-datasets' ({e}); install them with pip install "
-                       "'fedjax_inv[hf]'.") from e
+    raise RuntimeError(f"Hugging Face datasets and Flower Datasets are missing ({e}); "
+                       "they are dependencies of fedjax_inv: pip install 'datasets' "
+                       "'flwr-datasets' (or reinstall fedjax_inv).") from e
   if os.environ.get("FLWR_TELEMETRY_ENABLED") == "0":
     telemetry.FLWR_TELEMETRY_ENABLED = "0"  # imported earlier by someone else
   return datasets, flwr_datasets

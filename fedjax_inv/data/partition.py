@@ -1,9 +1,13 @@
-"""Seeded, pure-numpy partitioners of a dataset over federated clients.
+"""Seeded partitioners of a dataset over federated clients.
 
 Every partitioner returns ``list[np.ndarray]``: one sorted int64 index array per client,
 indexing into the ``labels`` (or domain) it was given. Unless a docstring says otherwise
 the arrays are disjoint and cover every index exactly once, and the same ``seed`` always
 gives the same partition (``numpy.random.default_rng(seed)``; no global random state).
+The label partitioners that Flower Datasets provides (i.i.d., Dirichlet, pathological
+``#C=k``) are its own ``flwr_datasets.partitioner`` classes, called on an in-memory
+``datasets.Dataset`` of the labels; this module keeps what the papers define and Flower
+lacks (the domain splits, leave-one-domain-out).
 
 Partitioners:
 
@@ -62,8 +66,48 @@ def _sorted(parts) -> list[np.ndarray]:
   return [np.sort(np.asarray(p, dtype=np.int64)) for p in parts]
 
 
+def _flower_split(partitioner, labels: np.ndarray, seed: int, what: str
+                  ) -> list[np.ndarray]:
+  """Run a ``flwr_datasets.partitioner`` over ``labels`` and read back the row indices.
+
+  The rows go into an in-memory ``datasets.Dataset`` (columns ``label``, ``row``) that is
+  shuffled with ``seed`` first, as ``flwr_datasets.FederatedDataset(shuffle=True,
+  seed=seed)`` does; partition ``i``'s ``row`` column is client ``i``'s indices. Flower's
+  retry warnings are silenced (a failure raises instead). Nothing is written to disk.
+
+  Raises:
+    ValueError: Flower refused the arguments or gave up (``what`` names our function).
+  """
+  import warnings  # pylint: disable=g-import-not-at-top
+  from fedjax_inv.data import hf  # pylint: disable=g-import-not-at-top
+  datasets, _ = hf._import()  # pylint: disable=protected-access
+  table = datasets.Dataset.from_dict({"label": labels.tolist(),
+                                      "row": np.arange(len(labels)).tolist()})
+  partitioner.dataset = table.shuffle(seed=int(seed))
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", UserWarning)
+    try:
+      return _sorted(partitioner.load_partition(i)["row"]
+                     for i in range(partitioner.num_partitions))
+    except ValueError as e:
+      raise ValueError(f"{what}: Flower Datasets refused the split: {e}") from e
+
+
+def _partitioner(name: str, **kw):
+  """``flwr_datasets.partitioner.<name>(**kw)``, imported on first use (telemetry off)."""
+  from fedjax_inv.data import hf  # pylint: disable=g-import-not-at-top
+  hf._import()  # pylint: disable=protected-access
+  from flwr_datasets import partitioner as fp  # pylint: disable=g-import-not-at-top
+  return getattr(fp, name)(**kw)
+
+
 def iid_partition(n: int, num_clients: int, seed: int = 0) -> list[np.ndarray]:
   """Uniform random (i.i.d.) split of ``n`` examples into near-equal client shards.
+
+  Flower Datasets' ``IidPartitioner`` over the rows shuffled with ``seed`` (as
+  ``FederatedDataset`` shuffles them): contiguous shards of the permutation
+  ``numpy.random.default_rng(seed).permutation(n)``, the first ``n mod N`` one example
+  longer.
 
   Args:
     n: number of examples (indices ``0..n-1``).
@@ -77,48 +121,49 @@ def iid_partition(n: int, num_clients: int, seed: int = 0) -> list[np.ndarray]:
   Raises:
     ValueError: ``n < 1`` or ``num_clients`` not in ``1..n``.
 
-  Source: the i.i.d. baseline of McMahan et al. 2017 §3 and FedGMA Table 2 ("i.i.d").
+  Source: the i.i.d. baseline of McMahan et al. 2017 §3 and FedGMA Table 2 ("i.i.d");
+  ``flwr_datasets.partitioner.IidPartitioner``.
   """
   if int(n) != n or n < 1:
     raise ValueError(f"n={n!r}; it must be a positive integer number of examples.")
   num_clients = _check_num_clients(num_clients, int(n))
-  perm = np.random.default_rng(seed).permutation(int(n))
-  return _sorted(np.array_split(perm, num_clients))
+  return _flower_split(_partitioner("IidPartitioner", num_partitions=num_clients),
+                       np.zeros(int(n), np.int64), seed, "iid_partition")
 
 
 def dirichlet_label_partition(labels, num_clients: int, alpha: float, seed: int = 0,
-                              min_size: int = 10, max_tries: int = 1000
-                              ) -> list[np.ndarray]:
+                              min_size: int = 10) -> list[np.ndarray]:
   """Distribution-based label imbalance: class proportions over clients ~ Dir(α).
 
-  For each class ``c`` (examples shuffled), proportions ``p ~ Dir(α 1_N)`` are drawn;
-  clients that already hold at least ``n / N`` examples get ``p_i = 0`` (the balancing
-  rule of the NIID-Bench code), ``p`` is renormalised and the class is cut at
-  ``cumsum(p) · n_c``. If the rule zeroes all the mass (possible for tiny α) the class
-  goes to one random client still below ``n / N``. The whole draw is repeated until
-  every client holds ``>= min_size`` examples. Large ``α`` → every client's label mix
-  ≈ the global one; ``α → 0`` → every class sits on (almost) a single client.
+  Flower Datasets' ``DirichletPartitioner(partition_by="label", alpha=α,
+  min_partition_size=min_size, self_balancing=True, seed=seed)`` over the rows shuffled
+  with ``seed``: for each class, proportions ``p ~ Dir(α 1_N)``; clients that already
+  hold more than ``n / N`` examples get ``p_i = 0`` (the balancing rule of the NIID-Bench
+  code), ``p`` is renormalised and the class is cut at ``cumsum(p) · n_c``. The whole draw
+  is repeated (at most 10 more times) until every client holds ``>= min_size`` examples.
+  Large ``α`` → every client's label mix ≈ the global one; ``α → 0`` → every class sits
+  on (almost) a single client.
 
   Args:
     labels: ``[n]`` integer class ids.
     num_clients: number of clients ``N`` (``1 <= N <= n``).
     alpha: Dirichlet concentration ``α > 0`` (unitless).
-    seed: seeds all shuffles and draws.
+    seed: seeds the row shuffle and the draws.
     min_size: minimum examples per client (NIID-Bench uses 10); ``0`` accepts empty
       clients.
-    max_tries: redraws allowed before giving up.
 
   Returns:
     ``N`` sorted int64 index arrays partitioning ``range(n)``.
 
   Raises:
     ValueError: bad ``labels``/``num_clients``, ``alpha <= 0``, ``min_size < 0``,
-      ``min_size · N > n``, or no draw met ``min_size`` in ``max_tries`` tries (raise
-      ``alpha`` or lower ``min_size``).
+      ``min_size · N > n``, or no draw met ``min_size`` (raise ``alpha`` or lower
+      ``min_size``).
 
   Source: Hsu et al. 2019 ("Measuring the effects of non-identical data distribution");
   NIID-Bench (Li et al. 2022, §4.1 "distribution-based label imbalance"); used for
-  FedGMA §5.1's non-i.i.d. MNIST / FMNIST / CIFAR-10.
+  FedGMA §5.1's non-i.i.d. MNIST / FMNIST / CIFAR-10;
+  ``flwr_datasets.partitioner.DirichletPartitioner``.
   """
   labels = _labels_1d(labels)
   n = len(labels)
@@ -131,70 +176,54 @@ def dirichlet_label_partition(labels, num_clients: int, alpha: float, seed: int 
   if min_size * num_clients > n:
     raise ValueError(f"min_size={min_size} x num_clients={num_clients} exceeds the {n} "
                      "examples; lower min_size or num_clients.")
-  if max_tries < 1:
-    raise ValueError(f"max_tries={max_tries}; it must be >= 1.")
-  rng = np.random.default_rng(seed)
-  classes = np.unique(labels)
-  by_class = [np.flatnonzero(labels == c) for c in classes]
-  cap = n / num_clients
-  for _ in range(int(max_tries)):
-    parts = [[] for _ in range(num_clients)]
-    sizes = np.zeros(num_clients, np.int64)
-    for idx in by_class:
-      idx = rng.permutation(idx)
-      p = rng.dirichlet(np.full(num_clients, float(alpha)))
-      below = sizes < cap
-      p = np.where(below, p, 0.0)
-      total = p.sum()
-      if not np.isfinite(total) or total <= 0:
-        p = np.zeros(num_clients)
-        p[rng.choice(np.flatnonzero(below))] = 1.0
-      else:
-        p = p / total
-      cuts = (np.cumsum(p) * len(idx)).astype(np.int64)[:-1]
-      for i, piece in enumerate(np.split(idx, cuts)):
-        parts[i].append(piece)
-        sizes[i] += len(piece)
-    if sizes.min() >= min_size:
-      return _sorted(np.concatenate(p) if p else np.zeros(0, np.int64) for p in parts)
-  raise ValueError(f"dirichlet_label_partition: no draw gave every one of {num_clients} "
-                   f"clients >= {min_size} examples in {max_tries} tries (alpha={alpha}); "
-                   "raise alpha, lower min_size or use fewer clients.")
+  what = (f"dirichlet_label_partition(alpha={alpha}, num_clients={num_clients}, "
+          f"min_size={min_size}); raise alpha, lower min_size or use fewer clients")
+  with np.errstate(invalid="ignore", divide="ignore"):
+    parts = _flower_split(_partitioner(
+        "DirichletPartitioner", num_partitions=num_clients, partition_by="label",
+        alpha=float(alpha), min_partition_size=int(min_size), self_balancing=True,
+        shuffle=True, seed=int(seed)), labels, seed, what)
+  covered = np.sort(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
+  if len(covered) != n or not np.array_equal(covered, np.arange(n)):
+    raise ValueError(f"{what}: the draw did not split every example once (a Dirichlet "
+                     "draw underflowed to zero mass).")
+  return parts
 
 
 def k_classes_per_client(labels, num_clients: int, k: int, seed: int = 0
                          ) -> list[np.ndarray]:
   """Quantity-based label imbalance ``#C=k``: each client holds exactly ``k`` classes.
 
-  Class ownership: the classes are shuffled and dealt round-robin so that every class
-  has at least one owner (client ``j mod N`` gets the ``j``-th shuffled class); each
-  client's remaining slots are filled with distinct random classes it does not own yet.
-  Then every class's examples are shuffled and split into equal parts among its owners
-  (``np.array_split``). This is NIID-Bench's scheme, except that NIID-Bench gives client
-  ``i`` class ``i mod K`` first and drops classes nobody drew; here no example is dropped.
+  Flower Datasets' ``PathologicalPartitioner(partition_by="label",
+  num_classes_per_partition=k, class_assignment_mode="first-deterministic", seed=seed)``
+  over the rows shuffled with ``seed``: client ``i`` owns class ``i mod K`` (in sorted
+  class order) and ``k - 1`` further distinct random classes; every class's examples are
+  split into equal parts among its owners (``np.array_split``). This is NIID-Bench's
+  scheme. With ``N >= K`` every class has an owner and every example is used; with
+  ``N < K`` the examples of classes no client drew are left out.
 
   Args:
     labels: ``[n]`` integer class ids (``K`` distinct classes).
     num_clients: number of clients ``N``.
     k: classes per client, ``1 <= k <= K``, with ``N · k >= K``.
-    seed: seeds the class assignment and the shuffles.
+    seed: seeds the row shuffle and the class assignment.
 
   Returns:
-    ``N`` sorted int64 index arrays partitioning ``range(n)``; client ``i`` holds
-    examples of exactly ``k`` distinct classes.
+    ``N`` sorted, disjoint int64 index arrays into ``labels``; client ``i`` holds
+    examples of exactly ``k`` distinct classes. They cover ``range(n)`` when ``N >= K``.
 
   Raises:
     ValueError: bad ``labels``/``num_clients``, ``k`` outside ``1..K``, ``N · k < K``
-      (some class would have no owner), or a class with fewer examples than owners.
+      (some class could have no client), or a class with fewer examples than owners.
 
   Source: NIID-Bench (Li et al. 2022, §4.1 "quantity-based label imbalance"), as used by
-  FedGMA §5.1-5.2; also McMahan et al. 2017's pathological 2-class shards.
+  FedGMA §5.1-5.2; also McMahan et al. 2017's pathological 2-class shards;
+  ``flwr_datasets.partitioner.PathologicalPartitioner``.
   """
   labels = _labels_1d(labels)
   n = len(labels)
   num_clients = _check_num_clients(num_clients, n)
-  classes = np.unique(labels)
-  num_classes = len(classes)
+  num_classes = len(np.unique(labels))
   if int(k) != k or not 1 <= k <= num_classes:
     raise ValueError(f"k={k!r}; classes per client must be an integer in 1..{num_classes} "
                      f"(the labels hold {num_classes} classes).")
@@ -202,23 +231,12 @@ def k_classes_per_client(labels, num_clients: int, k: int, seed: int = 0
   if num_clients * k < num_classes:
     raise ValueError(f"num_clients={num_clients} x k={k} < {num_classes} classes: some "
                      "class would have no client; raise k or num_clients.")
-  rng = np.random.default_rng(seed)
-  owned = [[] for _ in range(num_clients)]
-  for j, c in enumerate(rng.permutation(num_classes)):
-    owned[j % num_clients].append(int(c))
-  for own in owned:
-    rest = np.setdiff1d(np.arange(num_classes), own)
-    own.extend(int(c) for c in rng.choice(rest, k - len(own), replace=False))
-  parts = [[] for _ in range(num_clients)]
-  for ci, c in enumerate(classes):
-    owners = [i for i in range(num_clients) if ci in owned[i]]
-    idx = rng.permutation(np.flatnonzero(labels == c))
-    if len(idx) < len(owners):
-      raise ValueError(f"class {c} has {len(idx)} examples but {len(owners)} owner "
-                       "clients; lower k or num_clients.")
-    for i, piece in zip(owners, np.array_split(idx, len(owners))):
-      parts[i].append(piece)
-  return _sorted(np.concatenate(p) for p in parts)
+  what = (f"k_classes_per_client(k={k}, num_clients={num_clients}); lower k or "
+          "num_clients")
+  return _flower_split(_partitioner(
+      "PathologicalPartitioner", num_partitions=num_clients, partition_by="label",
+      num_classes_per_partition=k, class_assignment_mode="first-deterministic",
+      shuffle=True, seed=int(seed)), labels, seed, what)
 
 
 def quantity_label_imbalance(labels, num_clients: int, k: int = 2, seed: int = 0

@@ -33,7 +33,7 @@ def _num_classes(features, y_column, *label_arrays) -> int:
                summary="any Hugging Face hub dataset (--task-arg dataset=NAME) over clients "
                        "by a column (partition_by=COLUMN) or a Flower Datasets partitioner "
                        "(partitioner=dirichlet:alpha=0.3,num_partitions=100,by=label); "
-                       "images: CNN, else MLP; needs fedjax_inv[hf]",
+                       "images: CNN, else MLP",
                starting="our choice: 20 rounds of 10 clients, 10 local SGD steps of batch "
                         "32 at lr 0.05 (not tuned on any dataset)")
 def hf(data_dir=None, source="auto", download=False, seed=0, dataset=None, subset=None,

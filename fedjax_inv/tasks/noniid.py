@@ -32,9 +32,10 @@ def make_noniid(dataset: str, *, data_dir=None, source="auto", download=False, s
     seed: seeds subsampling and the partition.
     num_clients: training clients (FedGMA §5.1: 10).
     partition: 'dirichlet' (:func:`dirichlet_label_partition`, ``alpha``,
-      ``min_size``), 'k_classes' (:func:`k_classes_per_client`, ``k``) or 'iid'; or,
-      opt-in, one of Flower Datasets' partitioners: ``'flwr:NAME[:KEY=VALUE,...]'``
-      (:func:`_flwr_partition`; needs ``fedjax_inv[hf]``), e.g. ``'flwr:dirichlet'``.
+      ``min_size``), 'k_classes' (:func:`k_classes_per_client`, ``k``) or 'iid' (all
+      three are Flower Datasets' partitioners with NIID-Bench's settings); or any Flower
+      Datasets partitioner with its own arguments: ``'flwr:NAME[:KEY=VALUE,...]'``
+      (:func:`_flwr_partition`), e.g. ``'flwr:shard:num_shards_per_partition=2'``.
     n_train, n_test: random subsets of the training / test images (None = all).
 
   Returns:
@@ -87,12 +88,12 @@ def _flwr_partition(spec: str, labels, num_clients, alpha, k, min_size, seed):
   (``fedjax_inv.data.hf.make_partitioner``) over ``labels``, its unset arguments filled
   from the task's: ``num_partitions=num_clients``, ``alpha``, ``min_partition_size=min_size``
   (dirichlet), ``num_classes_per_partition=k`` (pathological), ``seed``; the rows are
-  shuffled with ``seed`` first, as ``FederatedDataset`` does. Opt-in: Flower's partitions
-  differ from ``fedjax_inv.data.partition``'s for the same seed, except ``iid``, which
-  gives the same clients as ``partition='iid'``.
+  shuffled with ``seed`` first, as ``FederatedDataset`` does. ``'flwr:iid'`` gives the
+  clients of ``partition='iid'``; ``'flwr:dirichlet'`` is Flower's default
+  (``self_balancing=False``), ``partition='dirichlet'`` NIID-Bench's (``True``).
   Raises ValueError for an empty client (this engine needs one example each)."""
-  import datasets  # pylint: disable=g-import-not-at-top
   from fedjax_inv.data import hf  # pylint: disable=g-import-not-at-top
+  from fedjax_inv.data import partition  # pylint: disable=g-import-not-at-top
   name, _, rest = spec.partition(":")
   fill = {"num_partitions": int(num_clients)}
   if name == "dirichlet":
@@ -105,11 +106,8 @@ def _flwr_partition(spec: str, labels, num_clients, alpha, k, min_size, seed):
   extra = ",".join(f"{key}={v}" for key, v in fill.items() if key not in given)
   full = name + ":" + ",".join(filter(None, [rest, extra]))
   p = hf.make_partitioner(full, seed=seed, default_by="label")
-  y = np.asarray(labels)
-  table = datasets.Dataset.from_dict({"label": y.tolist(), "row": list(range(len(y)))})
-  p.dataset = table.shuffle(seed=int(seed))  # as FederatedDataset(shuffle=True, seed=seed)
-  parts = [np.sort(np.asarray(p.load_partition(i)["row"], np.int64))
-           for i in range(p.num_partitions)]
+  parts = partition._flower_split(p, np.asarray(labels), seed,  # pylint: disable=protected-access
+                                  f"partition='flwr:{spec}'")
   if any(len(q) == 0 for q in parts):
     raise ValueError(f"partition='flwr:{spec}' left a client empty; raise alpha or "
                      "min_partition_size, or use fewer clients.")
