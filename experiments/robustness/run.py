@@ -66,7 +66,8 @@ def one(grid: str, name: str, seed: int, rounds: int, alg, out: pathlib.Path, t)
   except FloatingPointError as e:  # diverged: recorded, not dropped
     rec = {"final_test_accuracy": None, "diverged": str(e)}
   rec.update(grid=grid, name=name, seed=seed, rounds=rounds, hparams=alg.hparams,
-             seconds=round(time.time() - t0, 1), command=" ".join(sys.argv))
+             seconds=round(time.time() - t0, 1), command=" ".join(sys.argv),
+             data_note=t.info.get("data_note"))
   outputs.write_json(path, rec)
   return rec
 

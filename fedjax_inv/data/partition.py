@@ -62,6 +62,26 @@ def _check_num_clients(num_clients, n: int) -> int:
   return num_clients
 
 
+# Which Flower Datasets partitioner (and settings) builds each label-skew partition name of
+# the tasks; recorded in every such task's data note, so raw results say how their clients
+# were made.
+FLOWER_PARTITIONERS = {
+    "iid": "Flower Datasets' IidPartitioner",
+    "dirichlet": "Flower Datasets' DirichletPartitioner, self-balancing",
+    "k_classes": "Flower Datasets' PathologicalPartitioner, first-deterministic",
+    "quantity": "Flower Datasets' PathologicalPartitioner, first-deterministic",
+}
+
+
+def partitioner_note(partition: str) -> str:
+  """``'dirichlet partition: Flower Datasets' DirichletPartitioner, self-balancing'``: the
+  words a task's data note uses for its client partition (``'flwr:SPEC'``: Flower
+  Datasets' ``SPEC``)."""
+  if str(partition).startswith("flwr:"):
+    return f"Flower Datasets' {partition[len('flwr:'):]}"
+  return f"{partition} partition: {FLOWER_PARTITIONERS[partition]}"
+
+
 def _sorted(parts) -> list[np.ndarray]:
   return [np.sort(np.asarray(p, dtype=np.int64)) for p in parts]
 

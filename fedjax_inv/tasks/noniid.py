@@ -9,7 +9,8 @@ from fedjax_inv import models
 from fedjax_inv.core.data import from_client_arrays
 from fedjax_inv.tasks.base import Task, register_task
 from fedjax_inv.data.partition import (dirichlet_label_partition, iid_partition,
-                                       k_classes_per_client, subsample, to_float_images)
+                                       k_classes_per_client, partitioner_note, subsample,
+                                       to_float_images)
 
 
 PARTITIONS = ("dirichlet", "k_classes", "iid")
@@ -127,7 +128,8 @@ def _noniid_task(name, data_dir, source, download, seed, num_clients, partition,
   info = {
       "paper": "FedGMA §5.1 (client sample test, non-i.i.d. over 10 clients)",
       "dataset_source": ds.source,
-      "data_note": (f"{dataset} over {num_clients} clients ({partition} partition), "
+      "data_note": (f"{dataset} over {num_clients} clients "
+                    f"({partitioner_note(partition)}), "
                     f"{sum(len(y) for _, y in d['train']):,} training / "
                     f"{len(d['test'][1]):,} test images; {ds.note}"),
       "partition": partition,

@@ -9,7 +9,8 @@ from fedjax_inv import models
 from fedjax_inv.core.data import from_client_arrays
 from fedjax_inv.tasks.base import Task, register_task
 from fedjax_inv.tasks.fedilc_settings import fedilc_task_settings
-from fedjax_inv.data.partition import leave_one_domain_out, resolve_holdout
+from fedjax_inv.data.partition import (leave_one_domain_out, partitioner_note,
+                                       resolve_holdout)
 from fedjax_inv.data.rotated import (ROTATED_MNIST_ANGLES, make_fed_shift_mnist,
                                      make_rotated_cifar10, make_rotated_mnist)
 
@@ -179,7 +180,7 @@ def _fed_shift_task(name, kind, data_dir, source, download, seed, num_clients, p
   info = {
       "paper": "FedGMA §5.2", "dataset_source": ds.source,
       "data_note": (f"{'FedCMNIST' if kind == 'color' else 'FedRotMNIST'}: "
-                    f"{num_clients} training clients ({partition} partition), "
+                    f"{num_clients} training clients ({partitioner_note(partition)}), "
                     f"{len(d['test'])} OOD test clients with unseen "
                     f"{'colors' if kind == 'color' else 'angles'}; {ds.note}"),
       "partition": partition, "k": int(k) if partition == "quantity" else None,
