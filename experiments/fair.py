@@ -444,9 +444,16 @@ def render(view: str) -> str:
   budget = (f"budget **{n} trials per method** (the first: the starting values), tuning seed(s) "
             f"{p['protocol']['tuning_seeds']}, selection: {p['selection']}" if n > 1 else
             "budget **1 trial per method** (the starting values; nothing tuned or selected)")
+  caveat = ""
+  if p["task"] in tuning.LABEL_SKEW_TASKS:
+    caveat = tuning.partitioner_caveat(
+        (r.get("data") or {}).get("note")
+        for part in ("report", "starting", "tune") for runs in data[part].values()
+        for r in runs)
+    caveat = f" **Data:** {caveat}." if caveat else ""
   head = (f"Task `{p['task']}`, {p['rounds']} rounds; {budget}; report seeds "
           f"{p['protocol']['report_seeds']}; ± = sample std (ddof 1). Raw runs: "
-          f"`{d.relative_to(HERE.parent)}/`.\n\n")
+          f"`{d.relative_to(HERE.parent)}/`.{caveat}\n\n")
   return head + tuning.markdown_table(data, **kw)
 
 

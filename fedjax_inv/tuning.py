@@ -132,6 +132,25 @@ def data_record(task) -> dict:
           "eval_sets": {k: size(v) for k, v in task.eval_sets.items()}}
 
 
+# The label-skew tasks, whose clients come from Flower Datasets' partitioners since the
+# commit after 080cef5; raw results from before say nothing of Flower in their data note.
+LABEL_SKEW_TASKS = ("mnist_noniid", "fmnist_noniid", "cifar10_noniid", "fed_cmnist",
+                    "fed_rotmnist")
+FORMER_PARTITIONER = ("clients from the label partitioner used before Flower Datasets' "
+                      "(commit 080cef5 rebuilds them; today's code draws other clients from "
+                      "the same seeds)")
+
+
+def partitioner_caveat(notes) -> str:
+  """``''`` when every data note in ``notes`` (raw runs of a label-skew task) names Flower
+  Datasets' partitioners, else :data:`FORMER_PARTITIONER`: results made before the switch
+  are labelled, never silently mixed with today's clients. Missing notes count as before."""
+  notes = list(notes)
+  if notes and all(isinstance(n, str) and "Flower Datasets" in n for n in notes):
+    return ""
+  return FORMER_PARTITIONER
+
+
 def _run_one(path: pathlib.Path, key: dict, task, algorithm: str, settings: dict,
              run_kw: dict, label: Optional[str] = None) -> dict:
   """Runs (or reloads, when ``path`` holds the same ``key``) one run; writes it atomically."""

@@ -200,3 +200,16 @@ def test_every_task_says_where_its_starting_values_come_from():
       assert any(k in s for k in ("OOD", "test", "training", "validation")), (name, s)
   info = make_task("linear_regression", seed=0).info
   assert info["starting_values"] == task_registry()["linear_regression"].starting
+
+
+def test_results_from_before_flower_partitioners_are_labelled():
+  """Raw runs of a label-skew task whose data note does not name Flower Datasets (made with
+  the former partitioner) carry the caveat; runs whose notes all name it carry none."""
+  from fedjax_inv import tasks
+  note = tasks.make_task("mnist_noniid", n_train=200, n_test=20).info["data_note"]
+  assert "Flower Datasets' DirichletPartitioner" in note
+  assert tuning.partitioner_caveat([note, note]) == ""
+  old = note.split(" (")[0] + " (dirichlet partition), 200 training / 20 test images"
+  assert "080cef5" in tuning.partitioner_caveat([note, old])
+  assert tuning.partitioner_caveat([note, None]) == tuning.FORMER_PARTITIONER
+  assert tuning.partitioner_caveat([]) == tuning.FORMER_PARTITIONER

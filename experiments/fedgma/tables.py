@@ -23,7 +23,7 @@ import importlib.util
 import json
 import pathlib
 
-from fedjax_inv import outputs
+from fedjax_inv import outputs, tuning
 from fedjax_inv.eval.verdict import Claim
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -52,6 +52,18 @@ WHERE = {"mnist": "Table 1", "fed_cmnist": "Table 2", "fed_rotmnist": "Table 2"}
 @functools.lru_cache(maxsize=None)
 def load(rel: str) -> dict:
   return json.loads((HERE / rel).read_text())
+
+
+def data_caveat(*results: dict) -> str:
+  """``''``, or the caveat that these results' clients come from the partitioner used
+  before Flower Datasets' (their runs' data notes do not name Flower)."""
+  return tuning.partitioner_caveat(r.get("data_note") for res in results
+                                   for r in res.get("runs", res.get("trials", [])))
+
+
+def _data(*results: dict) -> str:
+  c = data_caveat(*results)
+  return f" **Data:** {c}." if c else ""
 
 
 def seeds_of(res: dict, label: str, key: str = "last_mean", scale: float = 100.0) -> list:
@@ -96,7 +108,8 @@ def h100() -> str:
       cells += [f"{PAPER[r][a]:g}", ms(seeds_of(res[r], a))]
     rows.append(cells)
   return ("Mean ± sample std over seeds 0, 1, 2 (ddof 1). Raw: "
-          "`results_gpu_h100/{mnist,fed_cmnist,fed_rotmnist}.json`.\n\n" + _table(head, rows))
+          "`results_gpu_h100/{mnist,fed_cmnist,fed_rotmnist}.json`." + _data(*res.values())
+          + "\n\n" + _table(head, rows))
 
 
 def mnist_cpu() -> str:
@@ -107,7 +120,8 @@ def mnist_cpu() -> str:
           f"ours, {r30['rounds']} rounds, last-{r30['last']} mean (`results_cpu/mnist.json`)"]
   rows = [[NAME[a], f"{PAPER['mnist'][a]:g}", with_seeds(seeds_of(r150, a)),
            ms(seeds_of(r30, a))] for a in ("fedavg", "fedgma")]
-  return "Raw: `results_cpu_r150/mnist.json`, `results_cpu/mnist.json`.\n\n" + _table(head, rows)
+  return ("Raw: `results_cpu_r150/mnist.json`, `results_cpu/mnist.json`." + _data(r150, r30)
+          + "\n\n" + _table(head, rows))
 
 
 def tune_mnist() -> str:
@@ -116,7 +130,8 @@ def tune_mnist() -> str:
   fg = [x for x in t["trials"] if x["label"] == "fedgma"]
   cap = (f"Tuning seed {t['seed']} (not a reported seed), {t['rounds']} rounds; every cell is "
          f"a last-20 mean of the **test** accuracy, the score this tuning selected on "
-         f"(test data, not validation). Raw: `results_cpu_r150/tune_mnist.json`.\n\n")
+         f"(test data, not validation). Raw: `results_cpu_r150/tune_mnist.json`."
+         + _data(t) + "\n\n")
   a = _table(["FedAvg client lr"] + [f"{x['overrides']['client_lr']:g}" for x in fa],
              [["last-20 test acc."] + [f"{100 * x['last_mean']:.1f}" for x in fa]])
   lr = {x["overrides"]["client_lr"] for x in fg}
@@ -132,7 +147,7 @@ def prox_cpu() -> str:
           f"ours, {res['rounds']} rounds, last-{res['last']} mean (seeds 0,1,2)"]
   rows = [[NAME[a], f"{PAPER['mnist'][a]:g}", with_seeds(seeds_of(res, a))]
           for a in ("fedprox", "fedgma_fedprox")]
-  return "Raw: `results_cpu_r150_prox/mnist.json`.\n\n" + _table(head, rows)
+  return "Raw: `results_cpu_r150_prox/mnist.json`." + _data(res) + "\n\n" + _table(head, rows)
 
 
 def cmnist_cpu() -> str:
@@ -150,7 +165,7 @@ def cmnist_cpu() -> str:
   rows.append([f"{SHORT['fedprox']} / {SHORT['fedgma_fedprox']}",
                f"{PAPER['fed_cmnist']['fedprox']:g} / "
                f"{PAPER['fed_cmnist']['fedgma_fedprox']:g}", "not run", ""])
-  return "Raw: `results_cpu/fed_cmnist.json`.\n\n" + _table(head, rows)
+  return "Raw: `results_cpu/fed_cmnist.json`." + _data(res) + "\n\n" + _table(head, rows)
 
 
 TABLES = {"h100": h100, "mnist_cpu": mnist_cpu, "tune_mnist": tune_mnist,
@@ -175,7 +190,7 @@ def _claim(row, method, base, res, setting, what_extra="") -> Claim:
       method=SHORT[method], paper_value=PAPER[row][method], ours=seeds_of(res, method),
       baseline=SHORT[base], paper_baseline=PAPER[row][base],
       ours_baseline=seeds_of(res, base), protocol=PAPER_SETTINGS, setting=setting,
-      folder=FOLDER, digits=1)
+      folder=FOLDER, digits=1, note=data_caveat(res))
 
 
 def claims() -> list:
@@ -191,8 +206,9 @@ def claims() -> list:
   c = _claim("mnist", "fedprox", "fedavg", r150, cpu150)
   out.append(dataclasses.replace(
       c, ours=seeds_of(prox, "fedprox"),
-      note="FedAvg from `results_cpu_r150`, FedProx from `results_cpu_r150_prox`: same "
-           "settings and seeds"))
+      note="; ".join(filter(None, [
+          "FedAvg from `results_cpu_r150`, FedProx from `results_cpu_r150_prox`: same "
+          "settings and seeds", data_caveat(r150, prox)]))))
   out.append(_claim("mnist", "fedgma", "fedavg", r30,
                     "CPU, 2,000 sample images, 30 rounds, CNN 16-32", " of 30"))
   out.append(_claim("fed_cmnist", "fedgma", "fedavg", cm,

@@ -22,6 +22,7 @@ import json
 import math
 import pathlib
 
+from fedjax_inv import tuning
 from fedjax_inv.outputs import format_mean_std
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -47,6 +48,13 @@ def load(out: pathlib.Path = RESULTS) -> dict:
 def cell(runs: list) -> str:
   """Final test accuracy (%), mean ± sample std over seeds; None (diverged) counted."""
   return format_mean_std([r["final_test_accuracy"] for r in runs], digits=1, scale=100)
+
+
+def data_line(by: dict) -> str:
+  """``''``, or a line saying the runs' clients come from the partitioner used before
+  Flower Datasets' (their data notes do not name Flower)."""
+  c = tuning.partitioner_caveat(r.get("data_note") for rs in by.values() for r in rs)
+  return f"**Data:** {c}." if c else ""
 
 
 def fractions(by: dict) -> list:
@@ -112,6 +120,8 @@ def attacks_table(frac: float, out: pathlib.Path = RESULTS) -> str:
            "'none' = no attack. The robust rules' assumptions, with the runs' settings:",
            ""]
   lines += [f"- {a}" for a in assumptions(by, frac)]
+  if data_line(by):
+    lines += ["", data_line(by)]
   lines += ["", "| aggregator | none | " + " | ".join(ATTACKS) + " |",
             "|---" * (len(ATTACKS) + 2) + "|"]
   for agg in AGGREGATORS:
@@ -132,7 +142,7 @@ def stragglers_table(out: pathlib.Path = RESULTS) -> str:
     lines.append(f"| {alg} | " + " | ".join(cells) + " |")
   runs = [r for rs in by.values() for r in rs]
   seeds = sorted({r["seed"] for r in runs})
-  lines.append(f"\nSeeds {seeds}; {len(runs)} runs in `results/raw/`.")
+  lines.append(f"\nSeeds {seeds}; {len(runs)} runs in `results/raw/`. {data_line(by)}".rstrip())
   return "\n".join(lines)
 
 
