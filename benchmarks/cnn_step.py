@@ -23,7 +23,6 @@ import time
 
 def _time_pools(repeats: int) -> dict:
   import jax
-  import jax.numpy as jnp
   import optax
   from flax import nnx
 

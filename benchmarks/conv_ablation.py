@@ -24,7 +24,6 @@ Usage: ``python benchmarks/conv_ablation.py --json benchmarks/results_conv_ablat
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys

@@ -48,7 +48,7 @@ def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--settings", nargs="*", default=SETTINGS,
                  help="XLA_FLAGS values to compare (the first is the baseline); write a "
-                 "value that starts with -- after =, e.g. --settings \"\" \" --xla_...\"")
+                 'value that starts with -- after =, e.g. --settings "" " --xla_..."')
   p.add_argument("--repeats", type=int, default=2, help="interleaved passes (default 2)")
   p.add_argument("--rounds", type=int, default=3, help="timed rounds per row (default 3)")
   p.add_argument("--json", help="write the result here (atomically)")
@@ -78,7 +78,8 @@ def main(argv=None) -> int:
   sys.path.insert(0, str(HERE.parent))
   from benchmarks.harness import machine_info
   payload = dict(meta=dict(machine_info(), repeats=a.repeats, rounds=a.rounds,
-                           command="python benchmarks/cpu_flags.py " + " ".join(argv or sys.argv[1:])),
+                           command="python benchmarks/cpu_flags.py "
+                           + " ".join(argv or sys.argv[1:])),
                  settings=table)
   text = json.dumps(payload, indent=1, default=str)
   print(text)

@@ -14,7 +14,6 @@ compiled, then timed ``--repeats`` times x ``--rounds`` rounds, interleaved
 from __future__ import annotations
 
 import argparse
-import json
 import pathlib
 import statistics
 import sys

@@ -1,4 +1,4 @@
-"""Clients of very different sizes (issue 24): the cost of padding on a FEMNIST-shaped pool.
+r"""Clients of very different sizes (issue 24): the cost of padding on a FEMNIST-shaped pool.
 
 Part ``cohort`` — one 10-client FEMNIST cohort (the synthetic pool's first draw, sizes
 after TFF's totals and LEAF's spread), its data padded to the pool's largest client as
@@ -16,7 +16,8 @@ the engine stores it, 1 local epoch of batch 20 (Reddi et al.'s EMNIST protocol)
 Part ``pool`` — rounds per second on the whole pool (``--clients`` writers, default the
 real 3,400) at 10, 50 and 500 clients per round, ``local_epochs=1``, ``auto``.
 
-  python benchmarks/federated_padding.py --part cohort --json benchmarks/results_federated_padding.json
+  python benchmarks/federated_padding.py --part cohort \
+    --json benchmarks/results_federated_padding.json
   python benchmarks/federated_padding.py --part pool --json benchmarks/results_federated_pool.json
 """
 from __future__ import annotations

@@ -85,7 +85,7 @@ def main(argv=None) -> int:
   import numpy as np
   base = out["before"]
   scale = float(np.max(np.abs(base["params"])))
-  for name, r in out.items():
+  for _name, r in out.items():
     r["speedup_vs_before"] = base["round_s"] / r["round_s"]
     r["max_param_diff_vs_before"] = float(np.max(np.abs(np.subtract(r["params"],
                                                                     base["params"]))))

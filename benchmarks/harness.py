@@ -111,8 +111,8 @@ def machine_info() -> dict:
 def _csv(s: str, typ=str) -> list:
   try:
     return [typ(v) for v in s.split(",") if v.strip()]
-  except ValueError:
-    raise ValueError(f"expected a comma-separated list of {typ.__name__}, got {s!r}.")
+  except ValueError as e:
+    raise ValueError(f"expected a comma-separated list of {typ.__name__}, got {s!r}.") from e
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:

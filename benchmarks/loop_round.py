@@ -82,8 +82,8 @@ class LoopRound:
     def pre_stats(server, pool_cs, data, idx, ckeys, j):
       return p.pre_client(server, data, inp(pool_cs, data, idx, ckeys, j))
 
-    self._fns = dict(sample=lambda server, key: p.sample(server, key)[:2], pre_stats=pre_stats, pre_acc=pre_acc,
-                     pre_finish=p.pre_finish, client_stats=client_stats,
+    self._fns = dict(sample=lambda server, key: p.sample(server, key)[:2], pre_stats=pre_stats,
+                     pre_acc=pre_acc, pre_finish=p.pre_finish, client_stats=client_stats,
                      client_acc=client_acc, finish=p.finish)
 
   @staticmethod

@@ -1,6 +1,7 @@
-"""Memory estimate (``core/memory.py``) against XLA's buffer assignment, ConvNet rounds.
+r"""Memory estimate (``core/memory.py``) against XLA's buffer assignment, ConvNet rounds.
 
-Usage: .venv/bin/python benchmarks/memory_check.py --baseline HEAD --json benchmarks/results_memory_convnet.json
+Usage: .venv/bin/python benchmarks/memory_check.py --baseline HEAD \
+         --json benchmarks/results_memory_convnet.json
 
 For each model (``models.cnn(1)``, ``models.convnet()`` FedSR's RotatedMNIST network, and
 a narrow ResNet-18 on 32×32×3; ``--models mlp`` for the harness's MLP 784-128-10),

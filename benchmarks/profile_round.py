@@ -27,7 +27,8 @@ HERE = pathlib.Path(__file__).resolve().parent
 
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument("--workload", default="cnn", help="harness workload (cnn, mlp, mlp_fishr_inter_geo, ...)")
+  p.add_argument("--workload", default="cnn",
+                 help="harness workload (cnn, mlp, mlp_fishr_inter_geo, ...)")
   p.add_argument("--clients", type=int, default=100)
   p.add_argument("--strategy", default="scan", choices=("vmap", "scan", "chunked"))
   p.add_argument("--rounds", type=int, default=2)

@@ -15,7 +15,8 @@ One command per row, one to regenerate (or check) every README table::
     python experiments/fair.py run regression         # Invariant FedAvg Task 3
     python experiments/fair.py run fedgma_mnist       # FedGMA Table 1 (CPU size)
     python experiments/fair.py run fediir_c5          # FedIIR Table 1, 0° held out (CPU size)
-    python experiments/fair.py run fedsr_cpu          # FedSR Table 1, 0°: client momentum kept / restarted
+    python experiments/fair.py run fedsr_cpu          # FedSR Table 1, 0°: client momentum kept /
+                                                      # restarted
     python experiments/fair.py run ditto_mnist        # Ditto vs FedAvg, personalized accuracy
     python experiments/fair.py tables                 # rewrite every generated table
     python experiments/fair.py tables --check         # CI: tables == regenerated

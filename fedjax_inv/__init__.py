@@ -11,7 +11,8 @@ For algorithm authors (docs/ALGORITHMS.md, 'Writing an algorithm'): ``Component`
 in five phases: objective, client state, pre-round, message, server stage), ``Batch``
 (the client data every client-side hook gets), ``Context`` (what a client sees),
 ``Forward`` (a forward pass's outputs), ``weighted_mean`` / ``uniform_mean`` /
-``Aggregator`` (associative client-axis reductions), ``build`` + ``register`` (an algorithm from the common knobs,
+``Aggregator`` (associative client-axis reductions), ``build`` + ``register`` (an
+algorithm from the common knobs,
 added to the registry). Also: ``Algorithm`` (the record ``build`` returns), ``hparam`` (a
 hyperparameter a sweep may trace), ``Objective`` (what a gradient estimator receives),
 ``sign_agreement`` and ``mask_step`` (a client-message reduction and a server optimizer

@@ -123,7 +123,8 @@ def _geo_stats(g: jax.Array, zeros: str, dtype) -> _GeoStats:
   # Safe log: log(1) = 0 for zeros, so no -inf ever enters a sum (and no -inf * 0).
   log_abs = jnp.log(jnp.where(is_zero, jnp.ones_like(g), jnp.abs(g)))
   zero = jnp.zeros_like(g)
-  f = lambda b: b.astype(dtype)
+  def f(b):
+    return b.astype(dtype)
   return _GeoStats(
       n_pos=f(pos), n_neg=f(neg),
       log_pos=jnp.where(pos, log_abs, zero), log_neg=jnp.where(neg, log_abs, zero),

@@ -311,8 +311,8 @@ def cmd_tune(args) -> int:
   def ints(flag, text):
     try:
       return tuple(int(v) for v in str(text).split(",") if v.strip())
-    except ValueError:
-      raise ValueError(f"{flag} {text!r}: give comma-separated integers, e.g. 0,1,2.")
+    except ValueError as e:
+      raise ValueError(f"{flag} {text!r}: give comma-separated integers, e.g. 0,1,2.") from e
   fixed = {}
   for item in args.hp:
     if "=" not in item:

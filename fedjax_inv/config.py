@@ -647,12 +647,12 @@ def load_config(path: str) -> dict:
       cfg = yaml.safe_load(text) or {}
     except yaml.YAMLError as e:
       raise ValueError(f"--config {path}: not valid plain YAML ({e}). Configs are data "
-                       "only: tags such as !!python/... are refused.")
+                       "only: tags such as !!python/... are refused.") from e
   else:
     try:
       cfg = json.loads(text)
     except json.JSONDecodeError as e:
-      raise ValueError(f"--config {path}: not valid JSON ({e}); use .yaml/.yml for YAML.")
+      raise ValueError(f"--config {path}: not valid JSON ({e}); use .yaml/.yml for YAML.") from e
   if not isinstance(cfg, dict):
     raise ValueError(f"--config {path}: the top level must be a mapping of flag names.")
   if isinstance(cfg.get("config"), dict) and "provenance" in cfg:
@@ -687,8 +687,8 @@ def algorithm_overrides(cfg: dict) -> dict:
     else:
       try:
         kw["batch_size"] = int(b)
-      except ValueError:
-        raise ValueError(f"--batch-size {b!r}: use a positive integer or 'full'.")
+      except ValueError as e:
+        raise ValueError(f"--batch-size {b!r}: use a positive integer or 'full'.") from e
   for item in cfg.get("hp") or []:
     if "=" not in item:
       raise ValueError(f"--hp {item!r}: expected NAME=VALUE or ALGORITHM.NAME=VALUE, "

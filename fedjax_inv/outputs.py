@@ -68,7 +68,8 @@ def atomic_dir(path: str | os.PathLike, overwrite: bool = True):
   ``path`` must not exist, be an empty directory, or a directory fedjax-inv wrote (it
   holds ``MARKER``; replaced only with ``overwrite=True``, the default here — the CLI
   asks the user for ``--overwrite`` before it gets this far). A directory fedjax-inv did
-  not create is never replaced or deleted (:func:`check_out_dir`). On an exception the temp directory (ours) is removed and ``path``
+  not create is never replaced or deleted (:func:`check_out_dir`). On an exception the temp
+  directory (ours) is removed and ``path``
   is untouched.
 
   Raises:

@@ -344,8 +344,10 @@ def _tune_column(row: _Row, a: str, name: str, points: list, start: dict,
       t0 = time.perf_counter()
       rec = row.run(a, name, f"tune-{i:02d}-seed{s}.json", i, p, settings, s)
       per_seed.append(_score(rec["final"], row.kind))
-      print(f"  {a:16s} trial {i:2d} seed {s}: {sel_key}="
-            f"{'diverged' if rec['final'] is None else round(rec['final'].get(sel_key, rec['final'].get('val_accuracy', float('nan'))), 4)}"
+      final = rec["final"]
+      shown = ("diverged" if final is None
+               else round(final.get(sel_key, final.get("val_accuracy", float("nan"))), 4))
+      print(f"  {a:16s} trial {i:2d} seed {s}: {sel_key}={shown}"
             f" {json.dumps(p)} ({time.perf_counter() - t0:.0f}s)", file=row.stream, flush=True)
     scores.append(float(np.mean(per_seed)))
   return scores

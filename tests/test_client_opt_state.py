@@ -149,7 +149,7 @@ def test_every_strategy_gives_the_same_persistent_run(tiny_binary):
   runs = {s: _engine(model, data, alg, 3, execution=s)
           for s in ("vmap", "scan", "chunked", "loop")}
   ref_server, ref_cs = runs["scan"]
-  for s, (server, cs) in runs.items():
+  for _s, (server, cs) in runs.items():
     chex.assert_trees_all_close(server.params, ref_server.params, rtol=1e-5, atol=1e-6)
     chex.assert_trees_all_close(cs, ref_cs, rtol=1e-5, atol=1e-6)
   # the state did move (a no-op would also agree)

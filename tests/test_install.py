@@ -24,7 +24,8 @@ def _interpreter(version: str):
   if f"{sys.version_info.major}.{sys.version_info.minor}" == version:
     return sys.executable
   candidates = [shutil.which(f"python{version}")]
-  candidates += sorted(glob.glob(os.path.expanduser(f"~/.pyenv/versions/{version}*/bin/python{version}")))
+  candidates += sorted(glob.glob(os.path.expanduser(
+      f"~/.pyenv/versions/{version}*/bin/python{version}")))
   for exe in filter(None, candidates):
     r = subprocess.run([exe, "--version"], capture_output=True, text=True)
     if r.returncode == 0:

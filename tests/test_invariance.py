@@ -226,7 +226,7 @@ def test_fediir_ema_matches_hand_loop(tiny_binary, ema_init):
                        local_steps=2, batch_size=8)
   server, hist = _engine(model, data, alg, rounds=3, strategy="vmap")
   g = None
-  for t, (params_t, clients_t) in enumerate(hist):
+  for _t, (params_t, clients_t) in enumerate(hist):
     g_bar = _global_classifier_grad(model, data, params_t, clients_t, "uniform")
     if g is None:
       g = g_bar if ema_init == "first" else jax.tree.map(lambda b: (1 - v) * b, g_bar)

@@ -64,7 +64,7 @@ def test_colab_install_cell(name):
   first = "".join(code[0]["source"])
   assert first.lstrip().startswith("# Setup") and 'REPO_URL = "' in first
   assert 'find_spec("fedjax_inv") is None' in first  # install only when not importable
-  assert "SIZE = os.environ.get(\"FEDJAX_INV_NB_SIZE\"" in "".join(code[1]["source"])
+  assert 'SIZE = os.environ.get("FEDJAX_INV_NB_SIZE"' in "".join(code[1]["source"])
   badge = "".join(nb["cells"][0]["source"])
   assert re.search(r"colab\.research\.google\.com/github/[\w.-]+/fedjax_inv/blob/main/"
                    rf"notebooks/{re.escape(name)}\)", badge)

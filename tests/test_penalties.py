@@ -140,7 +140,8 @@ def test_irm_v1_weights_equal_unpadded_subset():
 def _optimal_scale(h, y):
   """argmin_s mean l(s h_i, y_i) (1-D convex in s) by bisection on dL/ds, float64."""
   h = np.asarray(h, np.float64)
-  dl_ds = lambda s: _dL_dscale(s * h, y) / s  # dL/dw(at s h) = s dL/ds
+  def dl_ds(s):
+    return _dL_dscale(s * h, y) / s  # dL/dw(at s h) = s dL/ds
   lo, hi = 0.05, 20.0
   assert dl_ds(lo) < 0 < dl_ds(hi)
   for _ in range(200):

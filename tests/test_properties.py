@@ -124,7 +124,8 @@ def aggregate(name, flat, w, tau=0.5):
 @functools.partial(jax.jit, static_argnums=0)
 def aggregate_grad(name, flat, w, tau=0.5):
   """d(sum of every leaf of the aggregate) / d(stacked updates)."""
-  f = lambda x: sum(jnp.sum(l) for l in jax.tree.leaves(_aggregate_impl(name, x, w, tau)))
+  def f(x):
+    return sum(jnp.sum(l) for l in jax.tree.leaves(_aggregate_impl(name, x, w, tau)))
   return jax.grad(f)(flat)
 
 

@@ -33,7 +33,8 @@ def _same_results(summary, rows, reference):
   assert summary["status"] == "ok"
   assert [r["final"] for r in summary["runs"]] == [r["final"] for r in ref_summary["runs"]]
   assert summary["table"] == ref_summary["table"]
-  key = lambda r: (r["seed"], r["round"])
+  def key(r):
+    return (r["seed"], r["round"])
   assert sorted(rows, key=key) == sorted(ref_rows, key=key)  # no duplicated rounds
 
 
@@ -245,7 +246,8 @@ def test_sigkill_mid_run_then_resume_is_bit_identical(tmp_path, monkeypatch):
   a = json.loads((out / "summary.json").read_text())
   b = json.loads((ref / "summary.json").read_text())
   assert a["status"] == "ok" and a["final"] == b["final"]
-  key = lambda r: (r["seed"], r["round"])
+  def key(r):
+    return (r["seed"], r["round"])
   assert sorted(_rows(out), key=key) == sorted(_rows(ref), key=key)  # every evaluation
 
 
@@ -284,5 +286,6 @@ def test_cli_resume_of_batched_replicas_from_their_checkpoint(tmp_path, monkeypa
   b = json.loads((ref / "summary.json").read_text())
   assert a["status"] == "ok" and a["table"] == b["table"]
   assert [r["final"] for r in a["runs"]] == [r["final"] for r in b["runs"]]
-  key = lambda r: (r["seed"], r["round"])
+  def key(r):
+    return (r["seed"], r["round"])
   assert sorted(_rows(out), key=key) == sorted(_rows(ref), key=key)

@@ -3,10 +3,14 @@
 
 One command per row::
 
-    python experiments/fediir/reproduce.py c5      # Table 1: 5 clients (one per source domain), all sampled
-    python experiments/fediir/reproduce.py c50     # Table 2: 50 clients (App. F.1 Alg. 2), 5 sampled per round
-    python experiments/fediir/reproduce.py gamma   # §5.4 / Fig. 4 grid γ ∈ {0, 1e-4, 1e-3, 1e-2, 1e-1}, 50 clients
-                                                 # (paper: VLCS/PACS/OfficeHome, 3 sampled; here RotatedMNIST)
+    python experiments/fediir/reproduce.py c5      # Table 1: 5 clients (one per source domain),
+                                                 # all sampled
+    python experiments/fediir/reproduce.py c50     # Table 2: 50 clients (App. F.1 Alg. 2),
+                                                 # 5 sampled per round
+    python experiments/fediir/reproduce.py gamma   # §5.4 / Fig. 4 grid
+                                                 # γ ∈ {0, 1e-4, 1e-3, 1e-2, 1e-1}, 50 clients
+                                                 # (paper: VLCS/PACS/OfficeHome, 3 sampled;
+                                                 # here RotatedMNIST)
     python experiments/fediir/reproduce.py table   # markdown tables from the JSON files
 
 Protocol (FedIIR §5, App. F.3 and the official code FedIIR@3e7a785): 100 rounds, global
@@ -23,7 +27,8 @@ the test-domain accuracy averaged over the held-out domains; mean ± std over se
 
 Options: ``--seeds 0,1,2``, ``--holdouts 0,15,30,45,60,75`` (default all six), ``--rounds``
 (100), ``--eval-every`` (5), ``--local-steps`` (default one local epoch,
-``ceil(n_c / 64)``; reduced-size runs pass the step count of a full-size client), ``--n-per-domain`` (images per domain; default all),
+``ceil(n_c / 64)``; reduced-size runs pass the step count of a full-size client),
+``--n-per-domain`` (images per domain; default all),
 ``--model cnn|convnet`` (default cnn: 3×3 conv blocks + global pooling, a stand-in for
 DomainBed's 4-conv GroupNorm ConvNet), ``--channels`` (default 32,64,64), ``--size`` ('full':
 DomainBed's disjoint domains, the paper's), ``--data-dir`` (raw MNIST files; default the
@@ -115,7 +120,8 @@ def run_row(row: str, args) -> dict:
          "seeds": seeds, "holdouts": holdouts, "rounds": args.rounds,
          "eval_every": args.eval_every, "size": args.size, "n_per_domain": args.n_per_domain,
          "model": args.model, "channels": args.channels, "lr": args.lr,
-         "batch_size": args.batch_size, "local_steps": args.local_steps, "command": " ".join(sys.argv),
+         "batch_size": args.batch_size, "local_steps": args.local_steps,
+         "command": " ".join(sys.argv),
          "machine": _machine(), "paper": PAPER.get(row), "runs": []}
   # Seeds outermost, methods innermost: a partial run still holds complete comparisons.
   for s in seeds:

@@ -151,8 +151,8 @@ def h100() -> str:
     name = f"γ row (c50): FedIIR γ = {_g(g)}" if i == 0 else f"γ row: FedIIR γ = {_g(g)}"
     rows.append(row(name, gm, "fediir", "—", penalty=g))
   part = "; ".join(f"γ = {_g(g)}: {k} of {n}" for g, k in partial)
-  return ("\"ours\": mean ± sample std (ddof 1) over seeds 0, 1, 2 of the six-domain mean; "
-          "the domain columns and \"last round\" are means over the seeds. Raw: "
+  return ('"ours": mean ± sample std (ddof 1) over seeds 0, 1, 2 of the six-domain mean; '
+          'the domain columns and "last round" are means over the seeds. Raw: '
           "`results_gpu_h100/{c5,c50,gamma}.json`. The γ row shows the γ values that "
           f"finished for all {n} (domain, seed) pairs"
           + (f" (partial, not shown: {part})" if part else "") + ".\n\n"
@@ -198,7 +198,7 @@ def c50_all() -> str:
   fa, fi = seed_avg(res, "fedavg"), seed_avg(res, "fediir")
   seeds = lambda v: " / ".join(f"{x:.1f}" for x in v)  # noqa: E731
   return ("Raw: `results_cpu/c50.json` (0°), `results_cpu_c50_h75/c50.json` (75°), "
-          "`results_cpu_c50_rest/c50.json` (15°-60°). \"average\": mean ± std over seeds of "
+          '`results_cpu_c50_rest/c50.json` (15°-60°). "average": mean ± std over seeds of '
           "the six-domain mean.\n\n" + _table(head, rows) + "\n\n"
           f"Six-domain mean per seed (selected): FedAvg {seeds(fa)}, FedIIR {seeds(fi)}. "
           f"Last round instead of the selected one: FedAvg "

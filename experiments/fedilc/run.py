@@ -178,7 +178,8 @@ def table_text(tags=None) -> str:
   README's block ``<!-- fair:fedilc -->`` is this text (``experiments/fair.py tables``)."""
   lines = ["| row | tag | OOD loss (paper) | OOD loss (ours) | OOD acc (paper) | OOD acc "
            "(ours) | AUROC (paper, thr.) | AUROC thr. (ours) | AUROC (ours) | AUPRC "
-           "(paper, thr.) | AUPRC thr. (ours) | AUPRC (ours) | acc var ×1000 | acc entropy ×10 | best round | "
+           "(paper, thr.) | AUPRC thr. (ours) | AUPRC (ours) | acc var ×1000 | acc entropy ×10 | "
+           "best round | "
            "max OOD acc over rounds |",
            "|" + "---|" * 16]
   for f in sorted(RESULTS.glob("*.json")):

@@ -3,7 +3,8 @@
 Usage: python experiments/fedsr/table.py OUT_DIR [selection]
 Reads OUT_DIR/<algorithm>/results.csv (written by `fedjax-inv run --holdout ...`, run_full.sh)
 or, for run_cpu.sh's layout, the per-seed runs of OUT_DIR/<algorithm>/h<D>/summary.json
-(:func:`raw_table`), and prints a markdown table of the accuracy (%) per held-out domain, mean ± std over seeds,
+(:func:`raw_table`), and prints a markdown table of the accuracy (%) per held-out domain,
+mean ± std over seeds,
 for the given model selection ('last' by default: FedSR §4.2 reports the last epoch),
 next to the paper's Table 1 numbers (FedSR, Nguyen et al. 2022).
 """

@@ -20,7 +20,6 @@ import math
 import pathlib
 import re
 
-from fedjax_inv import outputs
 from fedjax_inv.eval.verdict import Claim
 
 HERE = pathlib.Path(__file__).resolve().parent

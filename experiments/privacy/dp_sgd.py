@@ -5,7 +5,8 @@ Task: the bundled MNIST sample (4,000 training images, 1,000 held-out test image
 over 10 clients of 400 images (seeded by the run's seed); MLP 784-32-10. Every client
 takes part in every round and runs 1 local epoch of shuffled batches of 32 (13 steps) at
 client lr 0.1; ROUNDS rounds. DP-SGD: per-example clip C = 1, noise multiplier sigma in
-{0.6, 1, 2}; two baselines: no DP (no clipping, no noise) and the clip alone (sigma = 0); epsilon at delta = 1e-5 per
+{0.6, 1, 2}; two baselines: no DP (no clipping, no noise) and the clip alone (sigma = 0);
+epsilon at delta = 1e-5 per
 example, from the RDP accountant with every round counted (``privacy.sample_level``).
 Nothing is tuned: one configuration, the same for every sigma.
 

@@ -18,7 +18,6 @@ experiments/privacy/table.py OUT prints the table and writes the plot.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import pathlib
 import sys

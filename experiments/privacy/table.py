@@ -3,7 +3,8 @@
 The table code (and the divergence criterion) lives in ``tables.py``, which also renders
 the README's generated blocks (``python experiments/fair.py tables --only privacy``).
 
-Usage:  python experiments/privacy/table.py OUT     (prints markdown; writes OUT/privacy_utility.png)
+Usage:  python experiments/privacy/table.py OUT
+        (prints markdown; writes OUT/privacy_utility.png)
 """
 from __future__ import annotations
 

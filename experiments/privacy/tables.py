@@ -77,10 +77,11 @@ def dp_fedavg_table(out: pathlib.Path = HERE / "results_r100") -> str:
                    f"{format_mean_std(_vals(every, 'train_accuracy'))} | "
                    f"{format_mean_std(_vals(every, 'test_accuracy'))} |")
   rounds = sorted({r["rounds"] for rs in runs.values() for r in rs})
-  caption = (f"Final round ({', '.join(map(str, rounds))}). A run counts as ok unless it diverged: stopped on a "
+  caption = (f"Final round ({', '.join(map(str, rounds))}). A run counts as ok unless it "
+             "diverged: stopped on a "
              f"non-finite value, or a final training loss above {DIVERGED_LOSS_FACTOR:g} × "
              f"ln {NUM_CLASSES} = {LOSS_LIMIT:.1f}; diverged seeds are left out of the "
-             "mean (\"k/n finite\"). ± = sample std over seeds (ddof 1). Raw: "
+             'mean ("k/n finite"). ± = sample std over seeds (ddof 1). Raw: '
              f"`{out.relative_to(HERE)}/raw/`.")
   return caption + "\n\n" + "\n".join(lines)
 

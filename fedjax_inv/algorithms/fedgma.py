@@ -20,7 +20,8 @@ def masked(name, rule, base, tau, mask_at, rescale, kw):
          "it already applies its mask" if kw.get("aggregator") in ("gma", "and_mask") else "")
   if why:
     raise ValueError(f"{name}: {why}: base={base!r} (registered: {sorted(registry())}), mask_at"
-                     f"={mask_at!r} ('update' | 'pseudo_gradient'), aggregator={kw.get('aggregator')!r}.")
+                     f"={mask_at!r} ('update' | 'pseudo_gradient'), "
+                     f"aggregator={kw.get('aggregator')!r}.")
   alg, mask = make_algorithm(base, **kw), mask_step(tau, rule, rescale)  # the server stage
   sign = Component("sign", aggregator=sign_agreement(), traced=("tau",), message=lambda
                    model, kind, w, batch, ctx, key: jax.tree.map(jnp.subtract, ctx.params, w))

@@ -146,6 +146,6 @@ fedcurv = _arith(
     "FedILC's FedCurv: FedSGD (arithmetic mean of full-client gradients) + lambda * grad "
     "Fishr, server Adam",
     _ARITH_DOC.format(title="FedCurv as FedILC's tables run it", what="The official "
-                      "``--algorithm=fishr`` (README: \"FedCurv\"): the same update as "
+                      '``--algorithm=fishr`` (README: "FedCurv"): the same update as '
                       "``fishr_intra_arith``; Shoham et al.'s penalty is "
                       "``fedcurv_shoham``.", source="FedILC §5; official main.py"))

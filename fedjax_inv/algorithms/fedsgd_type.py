@@ -11,7 +11,8 @@ from fedjax_inv.core.algorithm import WEIGHTINGS, Algorithm
 from fedjax_inv.core.validation import choice as _choice, finite as _finite, nonneg as _nonneg
 from fedjax_inv.core.validation import pos_int as _pos_int, positive as _positive
 
-SERVER_OPTIMIZERS = ("adamw", "adam", "sgd")
+# Not the registry's server optimizers (algorithms/schema.py): this family's own update rules.
+FEDSGD_SERVER_OPTIMIZERS = ("adamw", "adam", "sgd")
 # FedILC §5.1.1 Color-MNIST server settings (official torch.optim.Adam(lr, weight_decay)).
 SERVER_DEFAULTS = dict(server_optimizer="adam", server_lr=3e-4, weight_decay=0.01, b1=0.9,
                        b2=0.999, eps=1e-8)
@@ -58,7 +59,7 @@ def server_optimizer(name: str = "adam", lr: float = 3e-4, weight_decay: float =
   Source: FedILC §5.1.1-5.1.3 (Adam, lr 3e-4 / 1e-4 / 2e-4, weight decay 0.01 / 1e-3 /
   1e-3).
   """
-  _choice("server_optimizer", name, SERVER_OPTIMIZERS)
+  _choice("server_optimizer", name, FEDSGD_SERVER_OPTIMIZERS)
   lr = _positive("server_lr", lr)
   wd = _nonneg("weight_decay", weight_decay)
   for nm, b in (("b1", b1), ("b2", b2)):

@@ -160,7 +160,8 @@ def _build(name, *, alpha_l2r, alpha_cmi, z_dim, mc_samples, l2r_squared, r_mode
   alg = build(name, components=(comp,), local_steps=local_steps, batch_size=batch_size,
               weighting=weighting, **kw)
   hp = dict(alg.hparams, alpha_l2r=float(alpha_l2r), alpha_cmi=float(alpha_cmi),
-            z_dim=None if z_dim is None else int(z_dim), probabilistic=probabilistic, l2r_squared=l2r_squared,
+            z_dim=None if z_dim is None else int(z_dim), probabilistic=probabilistic,
+            l2r_squared=l2r_squared,
             sigma_min=float(sigma_min))
   if probabilistic:
     hp["mc_samples"] = int(mc_samples)

@@ -20,11 +20,12 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from fedjax_inv.core import algorithm as _algorithm
 from fedjax_inv.core.algorithm import WEIGHTINGS
 
 CLIENT_OPTIMIZERS = ("sgd", "momentum", "adam")
 SERVER_OPTIMIZERS = ("sgd", "momentum", "adagrad", "adam", "yogi")
-CLIENT_OPTIMIZER_STATES = ("restart", "persistent")
+CLIENT_OPTIMIZER_STATES = _algorithm.CLIENT_OPTIMIZER_STATES  # defined in the core
 
 
 @dataclasses.dataclass(frozen=True)

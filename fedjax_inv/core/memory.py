@@ -108,7 +108,7 @@ from fedjax_inv.core import state as state_lib
 from fedjax_inv.core import strategy as strategy_lib
 from fedjax_inv.core.algorithm import CLIENT_OPT_STATE, Batch, Context
 
-STRATEGIES = ("vmap", "scan", "chunked")
+STRATEGIES = strategy_lib.CONCRETE_STRATEGIES
 DEFAULT_FRACTION = 0.8
 
 
@@ -175,7 +175,7 @@ def sub_jaxprs(eqn) -> list:
     for item in (v if isinstance(v, (tuple, list)) else (v,)):
       if hasattr(item, "eqns"):
         out.append(item)
-      elif hasattr(item, "jaxpr") and hasattr(getattr(item, "jaxpr"), "eqns"):
+      elif hasattr(item, "jaxpr") and hasattr(item.jaxpr, "eqns"):
         out.append(item.jaxpr)
   return out
 

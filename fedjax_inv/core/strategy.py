@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import math
 
-STRATEGIES = ("auto", "vmap", "scan", "chunked")
+# The strategies a round can run under; "auto" picks one of them per workload.
+CONCRETE_STRATEGIES = ("vmap", "scan", "chunked")
+STRATEGIES = ("auto", *CONCRETE_STRATEGIES)
 # Under 'scan', the pre-stage (messages at the shared global model: forward passes, no
 # per-client weights) runs vmapped in chunks of this many clients, so a forward pass
 # batches into one larger matmul (measured, fishr_inter_geo C=200 on 2 CPU cores:

@@ -7,9 +7,9 @@ from fedjax_inv.data.sources import load_dataset
 from fedjax_inv.data.sources import RawDataset
 
 __all__ = [
-    'RawDataset',
-    'color_digits',
-    'default_data_dir',
-    'load_dataset',
-    'make_colored_mnist',
+    "RawDataset",
+    "color_digits",
+    "default_data_dir",
+    "load_dataset",
+    "make_colored_mnist",
 ]

@@ -63,7 +63,7 @@ DATASETS = {
                   50),
 }
 
-SOURCES = ("auto", "raw", "tfds")
+DOMAINBED_SOURCES = ("auto", "raw", "tfds")
 
 
 def _key(name: str) -> str:
@@ -231,8 +231,9 @@ def load_domainbed(dataset: str, data_dir=None, *, source: str = "auto",
   if dataset not in DATASETS:
     raise ValueError(f"unknown DomainBed dataset {dataset!r}; choose one of "
                      f"{sorted(DATASETS)}.")
-  if source not in SOURCES:
-    raise ValueError(f"source={source!r}; choose one of {SOURCES} (nothing is downloaded).")
+  if source not in DOMAINBED_SOURCES:
+    raise ValueError(f"source={source!r}; choose one of {DOMAINBED_SOURCES} (nothing is "
+                     "downloaded).")
   if source == "tfds" and dataset != "domainnet":
     raise ValueError(f"source='tfds' is only supported for domainnet, not {dataset!r}; "
                      "use source='raw' with the image folders.")

@@ -50,29 +50,29 @@ import numpy as np
 
 PathLike = Union[str, os.PathLike]
 
-DATASETS = ('femnist', 'shakespeare', 'cifar100')
+FEDERATED_DATASETS = ("femnist", "shakespeare", "cifar100")
 
-TFF_URL = 'https://storage.googleapis.com/tff-datasets-public/'
+TFF_URL = "https://storage.googleapis.com/tff-datasets-public/"
 TFF_ARCHIVES = {
-    'femnist': 'fed_emnist.tar.bz2',
-    'femnist_digitsonly': 'fed_emnist_digitsonly.tar.bz2',
-    'shakespeare': 'shakespeare.tar.bz2',
-    'cifar100': 'fed_cifar100.tar.bz2',
+    "femnist": "fed_emnist.tar.bz2",
+    "femnist_digitsonly": "fed_emnist_digitsonly.tar.bz2",
+    "shakespeare": "shakespeare.tar.bz2",
+    "cifar100": "fed_cifar100.tar.bz2",
 }
 # Published file names, in order of preference.
 TFF_FILES = {
-    'femnist': (('fed_emnist_train.h5', 'fed_emnist_test.h5'),
-                ('fed_emnist_digitsonly_train.h5', 'fed_emnist_digitsonly_test.h5')),
-    'shakespeare': (('shakespeare_train.h5', 'shakespeare_test.h5'),),
-    'cifar100': (('fed_cifar100_train.h5', 'fed_cifar100_test.h5'),),
+    "femnist": (("fed_emnist_train.h5", "fed_emnist_test.h5"),
+                ("fed_emnist_digitsonly_train.h5", "fed_emnist_digitsonly_test.h5")),
+    "shakespeare": (("shakespeare_train.h5", "shakespeare_test.h5"),),
+    "cifar100": (("fed_cifar100_train.h5", "fed_cifar100_test.h5"),),
 }
 # Sub-folders of data_dir also searched for the TFF files.
 _TFF_SUBDIRS = {
-    'femnist': ('fed_emnist', 'femnist', 'emnist'),
-    'shakespeare': ('shakespeare', 'fed_shakespeare'),
-    'cifar100': ('fed_cifar100', 'cifar100'),
+    "femnist": ("fed_emnist", "femnist", "emnist"),
+    "shakespeare": ("shakespeare", "fed_shakespeare"),
+    "cifar100": ("fed_cifar100", "cifar100"),
 }
-LEAF_REPO = 'https://github.com/TalwalkarLab/leaf'
+LEAF_REPO = "https://github.com/TalwalkarLab/leaf"
 
 EMNIST_NUM_CLASSES = 62
 CIFAR100_NUM_CLASSES = 100
@@ -102,13 +102,13 @@ class DataFileError(ValueError):
   parts are kept as ``err.path``, ``err.problem`` and ``err.fix``.
   """
 
-  def __init__(self, path: PathLike, problem: str, fix: str = ''):
+  def __init__(self, path: PathLike, problem: str, fix: str = ""):
     self.path = os.fspath(path)
     self.problem = _one_line(problem)
     self.fix = _one_line(fix)
-    msg = f'{self.path}: {self.problem}'
+    msg = f"{self.path}: {self.problem}"
     if self.fix:
-      msg += f'; {self.fix}'
+      msg += f"; {self.fix}"
     super().__init__(msg)
 
   def __reduce__(self):
@@ -116,7 +116,7 @@ class DataFileError(ValueError):
 
 
 def _one_line(text: str) -> str:
-  return ' '.join(str(text).split())
+  return " ".join(str(text).split())
 
 
 # ----------------------------------------------------------------------------
@@ -124,33 +124,33 @@ def _one_line(text: str) -> str:
 
 
 def _check_dataset(dataset: str) -> str:
-  if dataset not in DATASETS:
-    raise ValueError(f'dataset must be one of {DATASETS}, got {dataset!r}')
+  if dataset not in FEDERATED_DATASETS:
+    raise ValueError(f"dataset must be one of {FEDERATED_DATASETS}, got {dataset!r}")
   return dataset
 
 
 def _leaf_candidates(data_dir: str, dataset: str, split: str) -> list[str]:
-  return [os.path.join(data_dir, dataset, 'data', split),
+  return [os.path.join(data_dir, dataset, "data", split),
           os.path.join(data_dir, dataset, split),
-          os.path.join(data_dir, 'data', split),
+          os.path.join(data_dir, "data", split),
           os.path.join(data_dir, split)]
 
 
 def _has_json(folder: str) -> bool:
   return os.path.isdir(folder) and any(
-      n.endswith('.json') for n in os.listdir(folder))
+      n.endswith(".json") for n in os.listdir(folder))
 
 
 def _tff_fix(dataset: str, path: Optional[PathLike] = None) -> str:
   archive = TFF_ARCHIVES[dataset]
-  if path is not None and 'digitsonly' in os.path.basename(os.fspath(path)):
-    archive = TFF_ARCHIVES['femnist_digitsonly']
-  return f're-download and extract {TFF_URL}{archive}'
+  if path is not None and "digitsonly" in os.path.basename(os.fspath(path)):
+    archive = TFF_ARCHIVES["femnist_digitsonly"]
+  return f"re-download and extract {TFF_URL}{archive}"
 
 
 def _leaf_fix(dataset: str) -> str:
   return (f"regenerate it with LEAF's data/{dataset}/preprocess.sh "
-          f'({LEAF_REPO})')
+          f"({LEAF_REPO})")
 
 
 def find_files(data_dir: PathLike, dataset: str) -> tuple[str, dict[str, str]]:
@@ -188,27 +188,27 @@ def find_files(data_dir: PathLike, dataset: str) -> tuple[str, dict[str, str]]:
     for d in dirs:
       train, test = os.path.join(d, train_name), os.path.join(d, test_name)
       if os.path.isfile(train) and os.path.isfile(test):
-        return 'hdf5', {'train': train, 'test': test}
-  if dataset != 'cifar100':
-    for train, test in zip(_leaf_candidates(data_dir, dataset, 'train'),
-                           _leaf_candidates(data_dir, dataset, 'test')):
+        return "hdf5", {"train": train, "test": test}
+  if dataset != "cifar100":
+    for train, test in zip(_leaf_candidates(data_dir, dataset, "train"),
+                           _leaf_candidates(data_dir, dataset, "test")):
       if _has_json(train) and _has_json(test):
-        return 'leaf', {'train': train, 'test': test}
-  names = ', '.join(n for pair in TFF_FILES[dataset] for n in pair)
-  subdirs = ', '.join(s + '/' for s in _TFF_SUBDIRS[dataset])
-  msg = (f'{data_dir}: no {dataset} data files found; looked for the TFF HDF5 '
-         f'files {names} in {data_dir} and its sub-folders {subdirs}')
-  where = f'get them from {TFF_URL}{TFF_ARCHIVES[dataset]}'
-  if dataset == 'femnist':
+        return "leaf", {"train": train, "test": test}
+  names = ", ".join(n for pair in TFF_FILES[dataset] for n in pair)
+  subdirs = ", ".join(s + "/" for s in _TFF_SUBDIRS[dataset])
+  msg = (f"{data_dir}: no {dataset} data files found; looked for the TFF HDF5 "
+         f"files {names} in {data_dir} and its sub-folders {subdirs}")
+  where = f"get them from {TFF_URL}{TFF_ARCHIVES[dataset]}"
+  if dataset == "femnist":
     where += f' (or {TFF_URL}{TFF_ARCHIVES["femnist_digitsonly"]})'
-  where += ' and extract into data_dir'
-  if dataset != 'cifar100':
-    leaf = ', '.join(os.path.relpath(os.path.dirname(c), data_dir) + '/{train,test}/'
-                     for c in _leaf_candidates(data_dir, dataset, 'train'))
-    msg += f', and for LEAF JSON folders (*.json) {leaf}'
+  where += " and extract into data_dir"
+  if dataset != "cifar100":
+    leaf = ", ".join(os.path.relpath(os.path.dirname(c), data_dir) + "/{train,test}/"
+                     for c in _leaf_candidates(data_dir, dataset, "train"))
+    msg += f", and for LEAF JSON folders (*.json) {leaf}"
     where += (f", or run LEAF's data/{dataset}/preprocess.sh ({LEAF_REPO}) "
-              'and point data_dir at its output')
-  raise FileNotFoundError(f'{msg}; {where}; nothing is downloaded automatically')
+              "and point data_dir at its output")
+  raise FileNotFoundError(f"{msg}; {where}; nothing is downloaded automatically")
 
 
 # ----------------------------------------------------------------------------
@@ -219,8 +219,8 @@ def _h5py():
   try:
     import h5py  # pylint: disable=g-import-not-at-top
   except ImportError as e:
-    raise ImportError('reading or writing TFF HDF5 files needs h5py: '
-                      'pip install h5py (or fedjax_inv[federated])') from e
+    raise ImportError("reading or writing TFF HDF5 files needs h5py: "
+                      "pip install h5py (or fedjax_inv[federated])") from e
   return h5py
 
 
@@ -240,11 +240,11 @@ def _read_h5_clients(path: PathLike, dataset: str, names: Sequence[str],
     raise DataFileError(path, problem, fix)
 
   if not os.path.isfile(path):
-    raise FileNotFoundError(f'{path}: no such file; {fix}')
+    raise FileNotFoundError(f"{path}: no such file; {fix}")
   out = {}
   try:
-    with h5py.File(path, 'r') as f:
-      group = f.get('examples')
+    with h5py.File(path, "r") as f:
+      group = f.get("examples")
       if not isinstance(group, h5py.Group):
         fail("no 'examples' group at the top level (not a TFF ClientData HDF5 file)")
       cids = sorted(group.keys())
@@ -253,16 +253,16 @@ def _read_h5_clients(path: PathLike, dataset: str, names: Sequence[str],
       for cid in cids:
         client = group[cid]
         if not isinstance(client, h5py.Group):
-          fail(f'examples/{cid} is not a group (one group per client expected)')
+          fail(f"examples/{cid} is not a group (one group per client expected)")
         arrays = {}
         for name in names:
           ds = client.get(name)
           if not isinstance(ds, h5py.Dataset):
-            fail(f'client {cid!r} has no {name!r} dataset')
+            fail(f"client {cid!r} has no {name!r} dataset")
           arrays[name] = ds[()]
         out[cid] = convert(cid, arrays, fail)
   except (OSError, RuntimeError, KeyError) as e:
-    fail(f'not a readable HDF5 file, truncated or damaged ({_one_line(e)})')
+    fail(f"not a readable HDF5 file, truncated or damaged ({_one_line(e)})")
   return out
 
 
@@ -271,13 +271,13 @@ def _check_labels(cid: str, name: str, labels: np.ndarray, n: int, k: int,
   """[n] integer labels in [0, k) -> int32, else ``fail``."""
   labels = np.asarray(labels)
   if labels.shape != (n,):
-    fail(f'client {cid!r}: {name!r} has shape {labels.shape}, expected ({n},) '
-         '(one label per example)')
+    fail(f"client {cid!r}: {name!r} has shape {labels.shape}, expected ({n},) "
+         "(one label per example)")
   if n and not np.issubdtype(labels.dtype, np.integer):
-    fail(f'client {cid!r}: {name!r} has dtype {labels.dtype}, expected integers')
+    fail(f"client {cid!r}: {name!r} has dtype {labels.dtype}, expected integers")
   if n and (labels.min() < 0 or labels.max() >= k):
-    fail(f'client {cid!r}: {name!r} out of range [{labels.min()}, {labels.max()}], '
-         f'expected 0..{k - 1}')
+    fail(f"client {cid!r}: {name!r} out of range [{labels.min()}, {labels.max()}], "
+         f"expected 0..{k - 1}")
   return labels.astype(np.int32)
 
 
@@ -285,8 +285,8 @@ def _check_images(cid: str, name: str, x: np.ndarray, shape: tuple[int, ...],
                   fail: Callable) -> None:
   x = np.asarray(x)
   if x.ndim != len(shape) + 1 or x.shape[1:] != shape:
-    want = ', '.join(('n',) + tuple(str(s) for s in shape))
-    fail(f'client {cid!r}: {name!r} has shape {x.shape}, expected [{want}]')
+    want = ", ".join(("n",) + tuple(str(s) for s in shape))
+    fail(f"client {cid!r}: {name!r} has shape {x.shape}, expected [{want}]")
 
 
 def read_tff_emnist(path: PathLike) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -311,14 +311,14 @@ def read_tff_emnist(path: PathLike) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     ImportError: h5py is not installed.
   """
   def convert(cid, a, fail):
-    _check_images(cid, 'pixels', a['pixels'], (28, 28), fail)
-    if not np.issubdtype(a['pixels'].dtype, np.floating):
+    _check_images(cid, "pixels", a["pixels"], (28, 28), fail)
+    if not np.issubdtype(a["pixels"].dtype, np.floating):
       fail(f"client {cid!r}: 'pixels' has dtype {a['pixels'].dtype}, expected float32")
-    n = a['pixels'].shape[0]
-    y = _check_labels(cid, 'label', a['label'], n, EMNIST_NUM_CLASSES, fail)
-    return a['pixels'].astype(np.float32), y
+    n = a["pixels"].shape[0]
+    y = _check_labels(cid, "label", a["label"], n, EMNIST_NUM_CLASSES, fail)
+    return a["pixels"].astype(np.float32), y
 
-  return _read_h5_clients(path, 'femnist', ('pixels', 'label'), convert)
+  return _read_h5_clients(path, "femnist", ("pixels", "label"), convert)
 
 
 def read_tff_cifar100(path: PathLike
@@ -345,26 +345,26 @@ def read_tff_cifar100(path: PathLike
     ImportError: h5py is not installed.
   """
   def convert(cid, a, fail):
-    x = a['image']
-    _check_images(cid, 'image', x, (32, 32, 3), fail)
+    x = a["image"]
+    _check_images(cid, "image", x, (32, 32, 3), fail)
     if x.dtype != np.uint8:
       if not np.issubdtype(x.dtype, np.integer):
         fail(f"client {cid!r}: 'image' has dtype {x.dtype}, expected uint8")
       if x.size and (x.min() < 0 or x.max() > 255):
         fail(f"client {cid!r}: 'image' values outside 0..255")
     n = x.shape[0]
-    y = _check_labels(cid, 'label', a['label'], n, CIFAR100_NUM_CLASSES, fail)
-    c = _check_labels(cid, 'coarse_label', a['coarse_label'], n,
+    y = _check_labels(cid, "label", a["label"], n, CIFAR100_NUM_CLASSES, fail)
+    c = _check_labels(cid, "coarse_label", a["coarse_label"], n,
                       CIFAR100_NUM_COARSE, fail)
     return x.astype(np.uint8), y, c
 
-  return _read_h5_clients(path, 'cifar100', ('image', 'label', 'coarse_label'),
+  return _read_h5_clients(path, "cifar100", ("image", "label", "coarse_label"),
                           convert)
 
 
 def _decode_snippet(s: Any) -> str:
   if isinstance(s, (bytes, np.bytes_)):
-    return bytes(s).decode('utf-8')
+    return bytes(s).decode("utf-8")
   if isinstance(s, str):
     return s
   raise TypeError(type(s).__name__)
@@ -392,7 +392,7 @@ def read_tff_shakespeare(path: PathLike) -> dict[str, list[str]]:
     ImportError: h5py is not installed.
   """
   def convert(cid, a, fail):
-    s = np.asarray(a['snippets'])
+    s = np.asarray(a["snippets"])
     if s.ndim != 1:
       fail(f"client {cid!r}: 'snippets' has shape {s.shape}, expected [n]")
     try:
@@ -401,9 +401,9 @@ def read_tff_shakespeare(path: PathLike) -> dict[str, list[str]]:
       fail(f"client {cid!r}: a snippet is not valid UTF-8 ({e.reason})")
     except TypeError as e:
       fail(f"client {cid!r}: 'snippets' holds {e} values (dtype {s.dtype}), "
-           'expected variable-length strings')
+           "expected variable-length strings")
 
-  return _read_h5_clients(path, 'shakespeare', ('snippets',), convert)
+  return _read_h5_clients(path, "shakespeare", ("snippets",), convert)
 
 
 # ----------------------------------------------------------------------------
@@ -417,31 +417,31 @@ def _leaf_split_dir(folder: str, dataset: str, split: str) -> str:
   if os.path.basename(os.path.normpath(folder)) == split and _has_json(folder):
     return folder  # the split folder itself (as find_files returns it)
   raise FileNotFoundError(
-      f'{folder}: no LEAF {split} *.json files in {folder} or its '
-      f'{dataset}/data/{split}, {dataset}/{split}, data/{split}, {split} '
-      f'sub-folders; {_leaf_fix(dataset)}')
+      f"{folder}: no LEAF {split} *.json files in {folder} or its "
+      f"{dataset}/data/{split}, {dataset}/{split}, data/{split}, {split} "
+      f"sub-folders; {_leaf_fix(dataset)}")
 
 
 def _load_leaf_json(path: str, dataset: str) -> tuple[list, list, dict]:
   fix = _leaf_fix(dataset)
   try:
-    with open(path, 'rb') as f:
-      data = json.loads(f.read().decode('utf-8'))
+    with open(path, "rb") as f:
+      data = json.loads(f.read().decode("utf-8"))
   except json.JSONDecodeError as e:
-    raise DataFileError(path, f'invalid or truncated JSON ({e.msg} at line '
-                        f'{e.lineno} column {e.colno})', fix) from None
+    raise DataFileError(path, f"invalid or truncated JSON ({e.msg} at line "
+                        f"{e.lineno} column {e.colno})", fix) from None
   except UnicodeDecodeError as e:
-    raise DataFileError(path, f'not UTF-8 text ({e.reason})', fix) from None
+    raise DataFileError(path, f"not UTF-8 text ({e.reason})", fix) from None
   if not isinstance(data, dict):
-    raise DataFileError(path, f'top level is a {type(data).__name__}, expected '
-                        'an object with users/num_samples/user_data', fix)
-  for key, typ in (('users', list), ('num_samples', list), ('user_data', dict)):
+    raise DataFileError(path, f"top level is a {type(data).__name__}, expected "
+                        "an object with users/num_samples/user_data", fix)
+  for key, typ in (("users", list), ("num_samples", list), ("user_data", dict)):
     if key not in data:
-      raise DataFileError(path, f'missing the {key!r} key', fix)
+      raise DataFileError(path, f"missing the {key!r} key", fix)
     if not isinstance(data[key], typ):
-      raise DataFileError(path, f'{key!r} is a {type(data[key]).__name__}, '
-                          f'expected a {typ.__name__}', fix)
-  users, counts = data['users'], data['num_samples']
+      raise DataFileError(path, f"{key!r} is a {type(data[key]).__name__}, "
+                          f"expected a {typ.__name__}", fix)
+  users, counts = data["users"], data["num_samples"]
   if len(users) != len(counts):
     raise DataFileError(path, f"'users' has {len(users)} entries but "
                         f"'num_samples' has {len(counts)}", fix)
@@ -454,7 +454,7 @@ def _load_leaf_json(path: str, dataset: str) -> tuple[list, list, dict]:
     raise DataFileError(path, f"'num_samples' holds {bad!r}, expected counts", fix)
   if len(set(users)) != len(users):
     raise DataFileError(path, "a user is listed twice in 'users'", fix)
-  return users, counts, data['user_data']
+  return users, counts, data["user_data"]
 
 
 def _leaf_femnist_user(x: list, y: list, fail: Callable):
@@ -462,29 +462,29 @@ def _leaf_femnist_user(x: list, y: list, fail: Callable):
               if not isinstance(r, list) or len(r) != FEMNIST_PIXELS), None)
   if bad is not None:
     r = x[bad]
-    what = f'{len(r)} values' if isinstance(r, list) else type(r).__name__
-    fail(f'x[{bad}] has {what}, expected a flat list of {FEMNIST_PIXELS} pixels')
+    what = f"{len(r)} values" if isinstance(r, list) else type(r).__name__
+    fail(f"x[{bad}] has {what}, expected a flat list of {FEMNIST_PIXELS} pixels")
   try:
     xa = np.asarray(x, dtype=np.float32).reshape(len(x), 28, 28)
   except (TypeError, ValueError):
-    fail('x holds non-numeric pixel values')
+    fail("x holds non-numeric pixel values")
   if not all(isinstance(v, int) and not isinstance(v, bool) for v in y):
-    fail('y holds non-integer labels')
+    fail("y holds non-integer labels")
   ya = np.asarray(y, dtype=np.int64).reshape(len(y))
   if len(ya) and (ya.min() < 0 or ya.max() >= EMNIST_NUM_CLASSES):
-    fail(f'y out of range [{ya.min()}, {ya.max()}], expected 0..'
-         f'{EMNIST_NUM_CLASSES - 1}')
+    fail(f"y out of range [{ya.min()}, {ya.max()}], expected 0.."
+         f"{EMNIST_NUM_CLASSES - 1}")
   return xa, ya.astype(np.int32)
 
 
 def _leaf_shakespeare_user(x: list, y: list, fail: Callable):
   bad = next((j for j, s in enumerate(x) if not isinstance(s, str)), None)
   if bad is not None:
-    fail(f'x[{bad}] is a {type(x[bad]).__name__}, expected a string')
+    fail(f"x[{bad}] is a {type(x[bad]).__name__}, expected a string")
   bad = next((j for j, s in enumerate(y)
               if not isinstance(s, str) or len(s) != 1), None)
   if bad is not None:
-    fail(f'y[{bad}] is {y[bad]!r}, expected a single character')
+    fail(f"y[{bad}] is {y[bad]!r}, expected a single character")
   return list(x), list(y)
 
 
@@ -520,39 +520,39 @@ def read_leaf(folder: PathLike, dataset: str, split: str) -> dict[str, tuple]:
       row not of 784 values or a label outside 0..61; a Shakespeare ``y`` not
       one character; no users at all (empty dataset).
   """
-  if dataset not in ('femnist', 'shakespeare'):
+  if dataset not in ("femnist", "shakespeare"):
     raise ValueError(f"LEAF has femnist and shakespeare, not {dataset!r}")
   folder = os.fspath(folder)
   split_dir = _leaf_split_dir(folder, dataset, split)
-  convert = _leaf_femnist_user if dataset == 'femnist' else _leaf_shakespeare_user
+  convert = _leaf_femnist_user if dataset == "femnist" else _leaf_shakespeare_user
   fix = _leaf_fix(dataset)
   parts: dict[str, list] = {}
-  for name in sorted(n for n in os.listdir(split_dir) if n.endswith('.json')):
+  for name in sorted(n for n in os.listdir(split_dir) if n.endswith(".json")):
     path = os.path.join(split_dir, name)
     users, counts, user_data = _load_leaf_json(path, dataset)
     for user, count in zip(users, counts):
       def fail(problem, user=user):
-        raise DataFileError(path, f'user {user!r}: {problem}', fix)
+        raise DataFileError(path, f"user {user!r}: {problem}", fix)
       entry = user_data.get(user)
       if entry is None:
         fail("listed in 'users' but has no entry in 'user_data'")
-      if not isinstance(entry, dict) or 'x' not in entry or 'y' not in entry:
+      if not isinstance(entry, dict) or "x" not in entry or "y" not in entry:
         fail("user_data entry lacks the 'x' or 'y' key")
-      x, y = entry['x'], entry['y']
+      x, y = entry["x"], entry["y"]
       if not isinstance(x, list) or not isinstance(y, list):
         fail("'x' and 'y' must be lists")
       if len(x) != len(y):
-        fail(f'len(x) = {len(x)} but len(y) = {len(y)}')
+        fail(f"len(x) = {len(x)} but len(y) = {len(y)}")
       if count != len(y):
-        fail(f'num_samples says {count} but user_data has {len(y)} samples')
+        fail(f"num_samples says {count} but user_data has {len(y)} samples")
       parts.setdefault(str(user), []).append(convert(x, y, fail))
   if not parts:
-    raise DataFileError(split_dir, f'no users in any {split} JSON file (empty '
-                        'dataset)', fix)
+    raise DataFileError(split_dir, f"no users in any {split} JSON file (empty "
+                        "dataset)", fix)
   out = {}
   for user in sorted(parts):
     ps = parts[user]
-    if dataset == 'femnist':
+    if dataset == "femnist":
       out[user] = (np.concatenate([p[0] for p in ps]),
                    np.concatenate([p[1] for p in ps]))
     else:
@@ -577,7 +577,7 @@ def char_ids(text: str) -> np.ndarray:
   Returns:
     int32 [len(text)] ids in 0..80.
   """
-  codes = np.frombuffer(text.encode('utf-32-le', 'surrogatepass'), dtype=np.uint32)
+  codes = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
   out = np.full(codes.shape, SHAKESPEARE_OOV_ID, dtype=np.int32)
   ascii_ = codes < 128
   out[ascii_] = _CHAR_TABLE[codes[ascii_]]
@@ -620,9 +620,9 @@ def next_char_examples(snippets: Sequence[str], seq_len: int = SHAKESPEARE_SEQ_L
     ValueError: ``seq_len`` < 1 or ``max_examples`` < 0.
   """
   if seq_len < 1:
-    raise ValueError(f'seq_len must be >= 1, got {seq_len}')
+    raise ValueError(f"seq_len must be >= 1, got {seq_len}")
   if max_examples is not None and max_examples < 0:
-    raise ValueError(f'max_examples must be >= 0, got {max_examples}')
+    raise ValueError(f"max_examples must be >= 0, got {max_examples}")
   pad = np.full(seq_len, SHAKESPEARE_PAD_ID, dtype=np.int32)
   buf, starts, off = [], [], 0
   for s in snippets:
@@ -667,15 +667,15 @@ def leaf_shakespeare_examples(xs: Sequence[str], ys: Sequence[str],
     ValueError: ``len(xs) != len(ys)`` or a ``y`` not one character.
   """
   if len(xs) != len(ys):
-    raise ValueError(f'{len(xs)} x strings but {len(ys)} y characters')
+    raise ValueError(f"{len(xs)} x strings but {len(ys)} y characters")
   x = np.full((len(xs), seq_len), SHAKESPEARE_PAD_ID, dtype=np.int32)
   for i, s in enumerate(xs):
     ids = char_ids(s)[-seq_len:]
     if len(ids):
       x[i, seq_len - len(ids):] = ids
   if any(len(c) != 1 for c in ys):
-    raise ValueError('every y must be a single character')
-  y = char_ids(''.join(ys))
+    raise ValueError("every y must be a single character")
+  y = char_ids("".join(ys))
   return x, y
 
 
@@ -688,8 +688,8 @@ def _atomic_write(path: PathLike, write: Callable[[str], None]) -> str:
   path = os.fspath(path)
   folder = os.path.dirname(os.path.abspath(path))
   os.makedirs(folder, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=folder, prefix='.' + os.path.basename(path) + '.',
-                             suffix='.tmp')
+  fd, tmp = tempfile.mkstemp(dir=folder, prefix="." + os.path.basename(path) + ".",
+                             suffix=".tmp")
   os.close(fd)
   try:
     write(tmp)
@@ -705,8 +705,8 @@ def _write_h5(path: PathLike, clients: dict[str, dict[str, np.ndarray]]) -> str:
   h5py = _h5py()
 
   def write(tmp):
-    with h5py.File(tmp, 'w') as f:
-      group = f.create_group('examples')
+    with h5py.File(tmp, "w") as f:
+      group = f.create_group("examples")
       for cid, arrays in clients.items():
         g = group.create_group(str(cid))
         for name, values in sorted(arrays.items()):
@@ -724,7 +724,7 @@ def _fixture_arrays(cid, x, labels: dict[str, Any], shape, dtype):
   for name, (values, ldtype) in labels.items():
     values = np.asarray(values, dtype=ldtype).reshape(-1)
     if len(values) != len(x):
-      raise ValueError(f'client {cid!r}: {len(values)} {name} for {len(x)} examples')
+      raise ValueError(f"client {cid!r}: {len(values)} {name} for {len(x)} examples")
     out[name] = values
   return x, out
 
@@ -746,9 +746,9 @@ def write_tff_emnist(path: PathLike, clients: dict[str, tuple]) -> str:
   """
   data = {}
   for cid, (x, y) in clients.items():
-    x, labels = _fixture_arrays(cid, x, {'label': (y, np.int32)}, (28, 28),
+    x, labels = _fixture_arrays(cid, x, {"label": (y, np.int32)}, (28, 28),
                                 np.float32)
-    data[cid] = {'pixels': x, **labels}
+    data[cid] = {"pixels": x, **labels}
   return _write_h5(path, data)
 
 
@@ -770,9 +770,9 @@ def write_tff_cifar100(path: PathLike, clients: dict[str, tuple]) -> str:
   data = {}
   for cid, (x, y, coarse) in clients.items():
     x, labels = _fixture_arrays(
-        cid, x, {'label': (y, np.int64), 'coarse_label': (coarse, np.int64)},
+        cid, x, {"label": (y, np.int64), "coarse_label": (coarse, np.int64)},
         (32, 32, 3), np.uint8)
-    data[cid] = {'image': x, **labels}
+    data[cid] = {"image": x, **labels}
   return _write_h5(path, data)
 
 
@@ -791,8 +791,8 @@ def write_tff_shakespeare(path: PathLike, clients: dict[str, Sequence[str]]) -> 
     ImportError: no h5py.
   """
   h5py = _h5py()
-  dt = h5py.string_dtype(encoding='utf-8')
-  data = {cid: {'snippets': np.array([s.encode('utf-8') for s in snips],
+  dt = h5py.string_dtype(encoding="utf-8")
+  data = {cid: {"snippets": np.array([s.encode("utf-8") for s in snips],
                                      dtype=dt).reshape(-1)}
           for cid, snips in clients.items()}
   return _write_h5(path, data)
@@ -825,32 +825,32 @@ def write_leaf(folder: PathLike, dataset: str, split: str,
   Raises:
     ValueError: unknown dataset, ``users_per_file`` < 1, len(x) != len(y).
   """
-  if dataset not in ('femnist', 'shakespeare'):
+  if dataset not in ("femnist", "shakespeare"):
     raise ValueError(f"LEAF has femnist and shakespeare, not {dataset!r}")
   if users_per_file < 1:
-    raise ValueError(f'users_per_file must be >= 1, got {users_per_file}')
+    raise ValueError(f"users_per_file must be >= 1, got {users_per_file}")
   split_dir = os.path.join(os.fspath(folder), split)
   entries = []
   for user, (x, y) in clients.items():
-    if dataset == 'femnist':
+    if dataset == "femnist":
       x = np.asarray(x, dtype=np.float32).reshape(-1, FEMNIST_PIXELS).tolist()
       y = [int(v) for v in np.asarray(y).reshape(-1)]
     else:
       x, y = [str(s) for s in x], [str(c) for c in y]
     if len(x) != len(y):
-      raise ValueError(f'user {user!r}: {len(x)} x but {len(y)} y')
-    entries.append((str(user), {'x': x, 'y': y}))
+      raise ValueError(f"user {user!r}: {len(x)} x but {len(y)} y")
+    entries.append((str(user), {"x": x, "y": y}))
   paths = []
   for i in range(0, len(entries), users_per_file):
     chunk = entries[i:i + users_per_file]
     k = start_index + i // users_per_file
-    doc = {'users': [u for u, _ in chunk],
-           'num_samples': [len(d['y']) for _, d in chunk],
-           'user_data': dict(chunk)}
-    path = os.path.join(split_dir, f'all_data_{k}_niid_0_keep_0_{split}_9.json')
+    doc = {"users": [u for u, _ in chunk],
+           "num_samples": [len(d["y"]) for _, d in chunk],
+           "user_data": dict(chunk)}
+    path = os.path.join(split_dir, f"all_data_{k}_niid_0_keep_0_{split}_9.json")
 
     def write(tmp, doc=doc):
-      with open(tmp, 'w', encoding='utf-8') as f:
+      with open(tmp, "w", encoding="utf-8") as f:
         json.dump(doc, f)
 
     paths.append(_atomic_write(path, write))

@@ -328,7 +328,7 @@ def write_pools(num_parts: int, get_part, convert, plan, ids=None, keep=None,
     raise ValueError("--source hf: no partitions to read.")
   outs = len(rng_plans[0][2])
   writers, first = [None] * outs, None
-  for j, (i, part, rows) in enumerate(rng_plans):
+  for _j, (i, part, rows) in enumerate(rng_plans):
     if not any(len(r) for r in rows):
       continue
     x, y = convert(part)

@@ -1,4 +1,5 @@
-"""Synthetic data of Invariant FedAvg §4.1 (tasks: ``fedjax_inv/tasks/synthetic.py``): the hospital binary classification (Task 2,
+"""Synthetic data of Invariant FedAvg §4.1 (tasks: ``fedjax_inv/tasks/synthetic.py``): the
+hospital binary classification (Task 2,
 eq. 16-19) and the linear regression of IRM Example 1 / Aubin et al. 2021 (Task 3,
 eq. 20-23).
 

@@ -3,7 +3,8 @@ over a run's history, and the paper-style tables (pure functions of result dicts
 runner is ``fedjax_inv.lodo.run_lodo``).
 
 For every held-out domain × algorithm × seed, ``fedjax_inv.lodo.run_lodo`` builds the
-domain task with that ``holdout`` (the shared domain-task contract: training clients = the source domains,
+domain task with that ``holdout`` (the shared domain-task contract: training clients = the
+source domains,
 ``eval_sets = {'val': one client per source domain (its validation split), 'ood': the
 held-out domain}``), trains with ``fedjax_inv.simulation.run`` and reads the OOD
 accuracy at the round chosen by each selection method (over the evaluated rounds):

@@ -12,6 +12,7 @@ import dataclasses
 from typing import Callable
 
 from fedjax_inv import models
+from fedjax_inv.core import losses
 from fedjax_inv.core.algorithm import registry as algorithm_registry
 from fedjax_inv.core.data import ClientData
 from fedjax_inv.core.packed import PackedPool
@@ -29,7 +30,8 @@ class Task:
     train: the client pool (``N`` training clients): a resident ``ClientData``, or a
       packed host pool (``core.packed.PackedPool``) that a run keeps on the host or
       pads onto the device (``simulation.resolve_pool``).
-    eval_sets: ``{name: ClientData or PackedPool}`` evaluation sets, e.g. ``{'ood': ...}``; the training
+    eval_sets: ``{name: ClientData or PackedPool}`` evaluation sets, e.g. ``{'ood': ...}``;
+      the training
       clients are always evaluated too (as ``train``).
     model: ``FunctionalModel`` the papers use for this task; for a custom NNX module
       ``models.FunctionalModel.from_factory(lambda rngs: Net(..., rngs=rngs))`` (any
@@ -89,7 +91,7 @@ class Task:
     return kw
 
 
-KINDS = ("binary", "multiclass", "regression")
+KINDS = losses.KINDS  # defined once, beside the losses that read it
 
 
 def _output_dim(model, feature_shape) -> int:

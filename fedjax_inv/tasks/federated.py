@@ -24,12 +24,12 @@ import numpy as np
 from fedjax_inv.core.data import from_client_arrays
 from fedjax_inv.tasks.base import Task, register_task
 
-SOURCES = ("auto", "raw", "synthetic", "hf")
+FEDERATED_SOURCES = ("auto", "raw", "synthetic", "hf")
 TRAIN_EVAL_CLIENTS = 100  # training clients evaluated as ``train_*`` (a fixed sample)
 
 
 def _check_source(source: str, name: str) -> None:
-  if source not in SOURCES:
+  if source not in FEDERATED_SOURCES:
     raise ValueError(f"--source {source!r} for task {name!r}: use 'auto' or 'raw' (the "
                      "published files in --data-dir), 'hf' (the Hugging Face hub's copy, "
                      "through Flower Datasets) or 'synthetic' (a generated pool of the "
@@ -321,7 +321,8 @@ def shakespeare(data_dir=None, source="auto", download=False, seed=0, num_client
   Sets: ``train`` = roles' training examples; ``'test'`` = their test examples (one
   client per role). ``source='hf'``: the hub's ``flwrlabs/shakespeare`` (LEAF's
   examples) by ``character_id``, each role's last 20% of lines as its test examples
-  (:func:`fedjax_inv.data.hf.shakespeare_pools`), packed as uint8 character ids. ``max_examples`` keeps a seeded random subset per client (default
+  (:func:`fedjax_inv.data.hf.shakespeare_pools`), packed as uint8 character ids.
+  ``max_examples`` keeps a seeded random subset per client (default
   1,000; None = all: roles run to tens of thousands of characters, and the pool is
   padded to its largest client).
 

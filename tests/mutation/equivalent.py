@@ -9,9 +9,9 @@ _PREGATHER = ("the pre-gather threshold only chooses between gathering all K min
               "(tests/test_engine_reference.py::test_scan_unroll_and_pregather_paths_agree), "
               "so a different threshold changes memory and speed, not results.")
 
-_AXIS = ('multiclass logits are [n, K] here (checked by _classification_inputs before any computation), so axis +1 is axis -1.')
+_AXIS = ("multiclass logits are [n, K] here (checked by _classification_inputs before any computation), so axis +1 is axis -1.")
 
-_DIV_KEEP = ('keep is 1.0 on a present row (x / 1 = x * 1) and 0.0 on a masked one, whose entries were zeroed first, so the numerator is 0; XLA:CPU evaluates that converted-bool 0 / 0 as 0 (checked), the same as 0 * 0. Only a backend that produced NaN there could tell.')
+_DIV_KEEP = ("keep is 1.0 on a present row (x / 1 = x * 1) and 0.0 on a masked one, whose entries were zeroed first, so the numerator is 0; XLA:CPU evaluates that converted-bool 0 / 0 as 0 (checked), the same as 0 * 0. Only a backend that produced NaN there could tell.")
 
 _Q_ONE = ("both change q only where it is >= 1 (2 instead of 1 for the whole client; "
           "min(2, B/n) instead of 1 for a batch at least the client's size), and every "
@@ -56,8 +56,8 @@ EQUIVALENT: dict[str, dict[tuple, str]] = {
          "+  one = gaussian if q > 1.0 else dpa.PoissonSampledDpEvent(q, gaussian)"): _POISSON_ONE,
         ("-  one = gaussian if q >= 1.0 else dpa.PoissonSampledDpEvent(q, gaussian)",
          "+  one = gaussian if q >= 2.0 else dpa.PoissonSampledDpEvent(q, gaussian)"): _POISSON_ONE,
-        ("-  acc = _accountant(\"rdp\", \"poisson\")  # RDP, add-or-remove-one",
-         "+  acc = _accountant(\"XXrdpXX\", \"poisson\")  # RDP, add-or-remove-one"):
+        ('-  acc = _accountant("rdp", "poisson")  # RDP, add-or-remove-one',
+         '+  acc = _accountant("XXrdpXX", "poisson")  # RDP, add-or-remove-one'):
         "privacy._accountant returns the PLD accountant for 'pld' only and the RDP one for "
         "any other name, 'XXrdpXX' included.",
         ("-  worst, at = -1.0, None", "+  worst, at = -2.0, None"):
@@ -132,14 +132,14 @@ EQUIVALENT: dict[str, dict[tuple, str]] = {
         "update passes through unread.",
     },
     "local_train": {
-        ('-    if strategy_lib.pregathered(K, B, x.dtype.itemsize * math.prod(x.shape[1:])):',
-         '+    if strategy_lib.pregathered(K, B, x.dtype.itemsize / math.prod(x.shape[1:])):'):
+        ("-    if strategy_lib.pregathered(K, B, x.dtype.itemsize * math.prod(x.shape[1:])):",
+         "+    if strategy_lib.pregathered(K, B, x.dtype.itemsize / math.prod(x.shape[1:])):"):
         _PREGATHER,
-        ('-    if strategy_lib.pregathered(K, B, x.dtype.itemsize * math.prod(x.shape[1:])):',
-         '+    if strategy_lib.pregathered(K, B, x.dtype.itemsize * math.prod(x.shape[2:])):'):
+        ("-    if strategy_lib.pregathered(K, B, x.dtype.itemsize * math.prod(x.shape[1:])):",
+         "+    if strategy_lib.pregathered(K, B, x.dtype.itemsize * math.prod(x.shape[2:])):"):
         _PREGATHER,
-        ('-      ones = jnp.ones((K, B), jnp.float32)',
-         '+      ones = None'):
+        ("-      ones = jnp.ones((K, B), jnp.float32)",
+         "+      ones = None"):
         "a minibatch with w=None is unweighted: core.losses.weighted_mean(v, None) = mean(v), the same value and gradient as weights of ones.",
     },
     "losses": {
