@@ -208,7 +208,7 @@ def main(argv=None) -> int:
   print(f"step: {_step_flops() / 1e9:.3f} GFLOP at {rate:.0f} GFLOP/s; matmul 2048² "
         f"{peak:.0f} GFLOP/s ({100 * rate / peak:.0f} %)")
   if a.json:
-    from fedjax_inv import outputs
+    from fedjax_inv.runner import outputs
     outputs.write_json(a.json, dict(
         jax=jax.__version__, xla_flags=os.environ.get("XLA_FLAGS", ""),
         cpus=len(os.sched_getaffinity(0)), variants=rows, step_gflop=_step_flops() / 1e9,

@@ -24,7 +24,9 @@ import jax
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from benchmarks.workloads import LOCAL, synthetic_pool  # noqa: E402
-from fedjax_inv import models, outputs, privacy  # noqa: E402
+from fedjax_inv import models  # noqa: E402
+from fedjax_inv.runner import outputs  # noqa: E402
+from fedjax_inv.privacy import client_dp as privacy  # noqa: E402
 from fedjax_inv.algorithms import make_algorithm  # noqa: E402
 from fedjax_inv.core import strategy  # noqa: E402
 from fedjax_inv.core.engine import build_round, init_state  # noqa: E402
@@ -70,7 +72,7 @@ def main(argv=None) -> int:
     print(f"{k:11s} {r['median_s_per_round']:.4f} s/round  x{r['ratio_to_plain']:.3f} plain  "
           f"({r['client_slots']} client slots)")
   if a.json:
-    from fedjax_inv.experiment import provenance
+    from fedjax_inv.runner.experiment import provenance
     outputs.write_json(a.json, {"clients_per_round": C, "rounds": a.rounds,
                                 "repeats": a.repeats, "strategy": variants["plain"]["fn"].strategy,
                                 "rows": rows, "machine": provenance(),

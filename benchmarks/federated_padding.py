@@ -33,7 +33,7 @@ import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from fedjax_inv import outputs  # noqa: E402
+from fedjax_inv.runner import outputs  # noqa: E402
 from fedjax_inv.algorithms import make_algorithm  # noqa: E402
 from fedjax_inv.core.data import from_client_arrays, padding_overhead  # noqa: E402
 from fedjax_inv.core.engine import build_round, init_state  # noqa: E402
@@ -136,7 +136,7 @@ def main(argv=None) -> int:
   a = p.parse_args(argv)
   out = cohort_part(a) if a.part == "cohort" else pool_part(a)
   if a.json:
-    from fedjax_inv.experiment import provenance
+    from fedjax_inv.runner.experiment import provenance
     outputs.write_json(a.json, {**out, "part": a.part, "rounds": a.rounds,
                                 "repeats": a.repeats, "machine": provenance(),
                                 "command": " ".join(sys.argv)})

@@ -6,7 +6,7 @@ out, 5 training clients, SGD-momentum lr 1e-3 kept across rounds, 5 local steps 
 
 * ``before``: ``nnx.max_pool`` (``lax.reduce_window``) and no package XLA flags;
 * ``pool``: ``fedjax_inv.models.pool.max_pool``, no package XLA flags;
-* ``pool+flags``: the pooling and ``fedjax_inv.xla_cpu.FLAGS``.
+* ``pool+flags``: the pooling and ``fedjax_inv.core.xla_cpu.FLAGS``.
 
 Each child compiles the engine's round (``core.engine.build_round``, the strategy ``auto``
 picks), runs one untimed round, then times ``--rounds`` rounds (training only: no
@@ -36,7 +36,8 @@ def child(pool: str, rounds: int) -> dict:
   import numpy as np
   from flax import nnx
   import fedjax_inv
-  from fedjax_inv import models, xla_cpu
+  from fedjax_inv import models
+  from fedjax_inv.core import xla_cpu
   from fedjax_inv.core import engine
   if pool == "nnx":
     models.max_pool = lambda x, w, strides=None, padding="VALID": nnx.max_pool(

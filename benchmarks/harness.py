@@ -82,9 +82,9 @@ __all__ = [
 
 def machine_info() -> dict:
   """CPU model and core count (``lscpu``), platform, JAX version and devices, and the XLA
-  flags in effect (``cpu_flags``: what ``fedjax_inv.xla_cpu`` added)."""
+  flags in effect (``cpu_flags``: what ``fedjax_inv.core.xla_cpu`` added)."""
   import jax
-  from fedjax_inv import xla_cpu
+  from fedjax_inv.core import xla_cpu
   model = platform.processor() or "unknown"
   try:
     out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
@@ -213,7 +213,7 @@ def _write_json(path: str | None, payload: dict) -> None:
 
 def _backends_started() -> bool:
   """Whether JAX has created its backends (after which XLA_FLAGS has no effect)."""
-  from fedjax_inv import xla_cpu
+  from fedjax_inv.core import xla_cpu
   return xla_cpu.backends_started()
 
 

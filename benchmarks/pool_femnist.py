@@ -49,7 +49,8 @@ def child(layout: str, rounds: int, t0: float) -> dict:
   import dataclasses
   import resource
   t_import = time.time()
-  from fedjax_inv import simulation, tasks
+  from fedjax_inv import tasks
+  from fedjax_inv.runner import simulation
   from fedjax_inv.algorithms import make_algorithm
   import_s = time.time() - t_import
   t = time.time()

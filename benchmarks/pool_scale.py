@@ -34,7 +34,8 @@ import time
 def child(algorithm: str, clients: int, rounds: int, cohort: int, t0: float) -> dict:
   import resource
   import numpy as np
-  from fedjax_inv import models, simulation
+  from fedjax_inv import models
+  from fedjax_inv.runner import simulation
   from fedjax_inv.algorithms import make_algorithm
   from fedjax_inv.data import federated_synthetic as syn
   from fedjax_inv.tasks import Task

@@ -41,9 +41,9 @@ def measure_runs(workload: Workload, C: int, *, replicas: int = 0, fused: int = 
   """
   import jax
   import jax.numpy as jnp
-  from fedjax_inv import simulation
+  from fedjax_inv.runner import simulation
   from fedjax_inv.core.engine import init_state
-  from fedjax_inv.replicas import batched_round, stacked_state
+  from fedjax_inv.runner.replicas import batched_round, stacked_state
   from fedjax_inv.tasks import Task
   if replicas < 0 or fused < 0 or rounds < 1:
     raise ValueError(f"replicas={replicas}, fused={fused}, rounds={rounds}: use "

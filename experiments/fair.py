@@ -1,6 +1,6 @@
 """Fair comparisons: every method gets the same tuning budget, selected on validation.
 
-The protocol (``fedjax_inv/tuning.py``, DomainBed's): per method, ``TRIALS`` trials — trial 0
+The protocol (``fedjax_inv/runner/tuning.py``, DomainBed's): per method, ``TRIALS`` trials — trial 0
 is its starting values (the paper's / task's settings), the others random points of its
 registered search space (``fedjax-inv hparams ALGORITHM``, learning rates included) — run on
 the tuning seed(s) ``TUNING_SEEDS``; the trial with the best **validation** score (10% of
@@ -240,7 +240,7 @@ def complete(data) -> bool:
 
 
 def summary() -> str:
-  from fedjax_inv import outputs, tuning
+  from fedjax_inv.runner import outputs, tuning
   lines = ["| paper (folder) | task, metric | paper | ours, starting values | "
            "where the starting values come from | ours, selected on validation | "
            "budget per method |", "|---|---|---|---|---|---|---|"]
@@ -288,7 +288,7 @@ def fair_claims(folder=None) -> list:
   """The verdict claims of the fair rows (:data:`SUMMARY`): for each method with a paper
   number, against the row's first algorithm, once at the starting values and once
   selected on validation (rows with more than one trial)."""
-  from fedjax_inv import tuning
+  from fedjax_inv.runner import tuning
   from fedjax_inv.eval.verdict import Claim
   out = []
   for row, what, metric, title, algos, scale, digits in SUMMARY:
@@ -356,7 +356,7 @@ def row_dir(name: str) -> pathlib.Path:
 
 
 def run(name: str, trials=None) -> None:
-  from fedjax_inv import tuning
+  from fedjax_inv.runner import tuning
   from fedjax_inv.algorithms import hparams as hp
   row = ROWS[name]
   space = {}
@@ -379,7 +379,7 @@ def record_data(names) -> int:
   raw run JSON of rows ``names`` that lacks it, from the task rebuilt for the run's seed
   (data only, nothing is trained; the run itself is unchanged). Returns files written."""
   import json
-  from fedjax_inv import outputs, tuning
+  from fedjax_inv.runner import outputs, tuning
   written = 0
   for name in names:
     row = ROWS[name]
@@ -409,7 +409,7 @@ def _script(path: str):
 
 
 def render(view: str) -> str:
-  from fedjax_inv import tuning
+  from fedjax_inv.runner import tuning
   if view == "summary":
     return summary()
   if view == "fedilc":  # FedILC's rows: the published configuration, no tuning

@@ -17,8 +17,8 @@ import logging
 import pathlib
 import sys
 
-from fedjax_inv import config as _config
-from fedjax_inv.config import (DEFAULT_ALGORITHM, DEFAULT_RUN, RUN_KEYS,  # noqa: F401
+from fedjax_inv.runner import config as _config
+from fedjax_inv.runner.config import (DEFAULT_ALGORITHM, DEFAULT_RUN, RUN_KEYS,  # noqa: F401
                                algorithm_overrides, check_run_config, flag as _flag,
                                load_config)
 
@@ -222,7 +222,7 @@ def cmd_run(args) -> int:
     print(describe_plan(cfg), flush=True)
   cfg = {k: v for k, v in cfg.items() if not k.startswith("_")}
   overrides = algorithm_overrides(cfg)
-  from fedjax_inv.experiment import run_experiment
+  from fedjax_inv.runner.experiment import run_experiment
   if not lead:  # every process computes; only process 0 writes and prints (the others
     import os  # write their part of the checkpoints, in the shared --out)
     with open(os.devnull, "w") as quiet:
@@ -296,13 +296,13 @@ def _check_registered(where: str, key: str, value: str) -> None:
 
 
 def cmd_tune(args) -> int:
-  """``fedjax-inv tune``: :func:`fedjax_inv.tuning.tune_row`, then the markdown table.
+  """``fedjax-inv tune``: :func:`fedjax_inv.runner.tuning.tune_row`, then the markdown table.
 
   Raises:
     ValueError: an unregistered task, algorithm or ``--hp`` name (the flag, the value and
       the closest registered name), a malformed ``--hp`` or seed list, or whatever
       ``tune_row`` refuses."""
-  from fedjax_inv import tuning
+  from fedjax_inv.runner import tuning
   _check_registered("--task", "task", args.task)
   for a in str(args.algorithm).split(","):
     if a.strip():
@@ -387,7 +387,7 @@ def main(argv=None) -> int:
   hp.add_argument("--task", help="also show this task's values for the algorithm: "
                   + ", ".join(_config.choices("task")))
   tu = sub.add_parser("tune", help="equal-budget random search per algorithm, selected on "
-                      "validation, then the report seeds (fedjax_inv/tuning.py)")
+                      "validation, then the report seeds (fedjax_inv/runner/tuning.py)")
   tu.add_argument("--task", required=True, help="task name (fedjax-inv list): "
                   + ", ".join(_config.choices("task")))
   tu.add_argument("--algorithm", required=True, help="comma-separated algorithm names: "

@@ -6,7 +6,7 @@ import tempfile
 import numpy as np
 import pytest
 
-# execution='auto' caches its measured strategy (fedjax_inv/auto_strategy.py): the suite
+# execution='auto' caches its measured strategy (fedjax_inv/runner/auto_strategy.py): the suite
 # (and the CLI subprocesses it starts) uses a cache of its own, never the user's.
 if "FEDJAX_INV_CACHE_DIR" not in os.environ:
   os.environ["FEDJAX_INV_CACHE_DIR"] = _CACHE = tempfile.mkdtemp(prefix="fedjax_inv_cache_")

@@ -1,4 +1,4 @@
-"""Behaviour tests for fedjax_inv.aggregators (FedILC §3.1, AND-mask, FedGMA §4)."""
+"""Behaviour tests for fedjax_inv.aggregation.aggregators (FedILC §3.1, AND-mask, FedGMA §4)."""
 import math
 
 import chex
@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_inv import aggregators as agg
-from fedjax_inv.aggregators import (
+from fedjax_inv.aggregation import aggregators as agg
+from fedjax_inv.aggregation.aggregators import (
     Aggregator, and_mask, and_mask_aggregator, geometric_mean_aggregator, gma, gma_mask,
     weighted_geometric_mean, weighted_mean)
 
@@ -373,14 +373,14 @@ def test_geometric_mean_at_the_top_of_the_float_range_is_finite():
 def test_traced_names_lists_what_a_sweep_may_trace():
   """``core.aggregator.traced_names``: the masking aggregator's finalize reads ``tau``
   (sweep.py batches a tau sweep through it); the weighted mean traces nothing."""
-  from fedjax_inv.aggregators import masking_aggregator
+  from fedjax_inv.aggregation.aggregators import masking_aggregator
   from fedjax_inv.core.aggregator import traced_names
   assert traced_names(masking_aggregator(weighted_mean(), 0.5)) == ("tau",)
   assert traced_names(weighted_mean()) == ()
 
 
 def test_outer_product_geo_stats_rejects_a_wrong_rank_on_either_side():
-  from fedjax_inv.aggregators import outer_product_geo_stats
+  from fedjax_inv.aggregation.aggregators import outer_product_geo_stats
   a2, d2, m = jnp.ones((4, 3)), jnp.ones((4, 2)), jnp.ones(4)
   for a, d in ((jnp.ones((4, 3, 1)), d2), (a2, jnp.ones((4, 2, 1))), (jnp.ones(4), d2)):
     with pytest.raises(ValueError, match=r"expected \[B, m\], \[B, n\], \[B\]"):
@@ -390,7 +390,7 @@ def test_outer_product_geo_stats_rejects_a_wrong_rank_on_either_side():
 def test_outer_product_geo_stats_computes_in_float32_for_half_inputs():
   """float16 factors are promoted before the logs and matmuls: the statistics equal the
   float32 computation on the same (float16-representable) values."""
-  from fedjax_inv.aggregators import outer_product_geo_stats
+  from fedjax_inv.aggregation.aggregators import outer_product_geo_stats
   rng = np.random.default_rng(3)
   a = jnp.asarray(rng.normal(size=(16, 5)), jnp.float16)
   d = jnp.asarray(rng.normal(size=(16, 4)) * 1e-2, jnp.float16)
@@ -407,7 +407,7 @@ def test_outer_product_geo_stats_with_exact_zeros_equals_the_per_example_path(ze
   """Per-example products a_i ⊗ d_i with exact zeros (and -0.0) in both factors: the
   closed form's counts and log sums equal ``summed_geo_stats`` of the explicit products,
   for both zero conventions (the sign sets and the zero counts are where they differ)."""
-  from fedjax_inv.aggregators import outer_product_geo_stats, summed_geo_stats
+  from fedjax_inv.aggregation.aggregators import outer_product_geo_stats, summed_geo_stats
   rng = np.random.default_rng(7)
   a = rng.normal(size=(12, 4)).astype(np.float32)
   d = rng.normal(size=(12, 3)).astype(np.float32)
@@ -424,7 +424,7 @@ def test_outer_product_geo_stats_with_exact_zeros_equals_the_per_example_path(ze
 def test_and_mask_rescale_divides_by_epsilon_plus_the_mean():
   """Parascandolo et al.'s rescale: m / (1e-10 + mean(m)); with 1 of 10^6 entries kept
   the 1e-10 is 1e-4 of the mean, so the constant itself is checked."""
-  from fedjax_inv.aggregators import agreement_mask
+  from fedjax_inv.aggregation.aggregators import agreement_mask
   a = jnp.zeros(10**6).at[3].set(1.0)
   m = agreement_mask(a, 0.5, "and_mask", rescale=True)
   np.testing.assert_allclose(float(m[3]), 1.0 / (1e-10 + 1e-6), rtol=1e-6)
@@ -434,7 +434,7 @@ def test_and_mask_rescale_divides_by_epsilon_plus_the_mean():
 def test_aggregator_names_and_defaults():
   """Names recorded in results, and the defaults of the masking constructors: rule 'gma'
   (a disagreeing coordinate keeps its agreement A, not 0) and no rescale."""
-  from fedjax_inv.aggregators import mask_step, masking_aggregator, sign_agreement
+  from fedjax_inv.aggregation.aggregators import mask_step, masking_aggregator, sign_agreement
   from fedjax_inv.core.algorithm import HPARAMS, Context
 
   def context(extras):

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from fedjax_inv import Task
-from fedjax_inv import auto_strategy, simulation
+from fedjax_inv.runner import auto_strategy, simulation
 from fedjax_inv.algorithms import make_algorithm
 
 
@@ -148,7 +148,7 @@ def test_measure_takes_the_median_of_interleaved_repeats(monkeypatch):
 
 
 def test_replicas_take_the_fixed_rule(tiny_binary, monkeypatch):
-  from fedjax_inv.replicas import run_replicas
+  from fedjax_inv.runner.replicas import run_replicas
   monkeypatch.setattr(auto_strategy, "measure", _no_measuring)
   monkeypatch.setattr(auto_strategy, "MEASURE_MIN_ROUNDS", 1)
   res = run_replicas(_task(tiny_binary), make_algorithm("fedavg", **ALG), seeds=[0, 1],

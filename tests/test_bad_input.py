@@ -6,7 +6,8 @@ import os
 
 import pytest
 
-from fedjax_inv import cli, outputs
+from fedjax_inv import cli
+from fedjax_inv.runner import outputs
 
 T = ["run", "--task", "linear_regression", "--rounds", "2", "--no-progress"]
 P = ["run", "--task", "linear_regression", "--algorithm", "fedprox", "--rounds", "2",
@@ -155,7 +156,7 @@ def workdir(tmp_path, monkeypatch):
   def fail_compile(*a, **k):
     raise AssertionError("bad input reached build_round (compile)")
 
-  from fedjax_inv import simulation
+  from fedjax_inv.runner import simulation
   monkeypatch.setattr(simulation, "build_round", fail_compile)
   return tmp_path
 

@@ -13,7 +13,9 @@ import re
 
 import pytest
 
-from fedjax_inv import cli, config, grid, robust
+from fedjax_inv import cli
+from fedjax_inv.runner import config, grid
+from fedjax_inv.aggregation import robust
 from fedjax_inv.algorithms import base, registry, schema
 from fedjax_inv.core import adversary
 from fedjax_inv.core import algorithm as core_algorithm
@@ -121,7 +123,7 @@ def test_hp_help_points_to_the_sweep_names():
 
 def _no_run(monkeypatch):
   """Makes planning, tuning, the hparams listing and compiling fail if reached."""
-  from fedjax_inv import experiment, simulation, tuning
+  from fedjax_inv.runner import experiment, simulation, tuning
   from fedjax_inv.algorithms import hparams
 
   def reached(*a, **k):
@@ -223,7 +225,7 @@ def test_sweep_point_prefix_only_for_values_from_the_sweep():
 
 def test_cli_shared_setting_error_is_not_blamed_on_the_sweep(monkeypatch, tmp_path, capsys):
   # the task is built (fast), the algorithms refused before anything compiles
-  from fedjax_inv import simulation
+  from fedjax_inv.runner import simulation
   monkeypatch.chdir(tmp_path)
   monkeypatch.setattr(simulation, "build_round", lambda *a, **k: pytest.fail("compiled"))
   assert cli.main(T + ["--hp", "mu=1"]) == 2
@@ -247,7 +249,7 @@ def test_seed_and_seeds_help_say_where_the_data_comes_from():
 def test_seeds_share_the_first_seeds_data():
   """What the help states, read from the planner: `--seeds 2` trains seeds 0 and 1 on
   data from seed 0; `--seed 1` trains seed 1 on data from seed 1."""
-  from fedjax_inv import experiment
+  from fedjax_inv.runner import experiment
   two = experiment.plan_experiment({"task": "linear_regression", "seed": 0, "seeds": 2})
   one = experiment.plan_experiment({"task": "linear_regression", "seed": 1})
   assert (two.seeds, two.split_seed, two.resplit) == ([0, 1], 0, False)
@@ -261,11 +263,11 @@ def test_help_has_no_insider_wording(sub):
   assert not INSIDER.search(text), INSIDER.search(text).group(0)
 
 
-@pytest.mark.parametrize("module", ["cli.py", "config.py"])
+@pytest.mark.parametrize("module", ["cli.py", "runner/config.py"])
 def test_messages_have_no_insider_wording(module):
   """Every string of cli.py / config.py other than a docstring (help texts, error
   messages, printed lines) is free of insider wording."""
-  path = pathlib.Path(cli.__file__).with_name(module)
+  path = pathlib.Path(cli.__file__).parent / module
   tree = ast.parse(path.read_text())
   docstrings = {id(n.body[0].value) for n in ast.walk(tree)
                 if isinstance(n, (ast.Module, ast.FunctionDef, ast.ClassDef))

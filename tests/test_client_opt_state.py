@@ -13,7 +13,7 @@ import pytest
 
 from tests.trees import max_abs_diff
 
-from fedjax_inv import checkpoint, simulation
+from fedjax_inv.runner import checkpoint, simulation
 from fedjax_inv.algorithms import make_algorithm, registry
 from fedjax_inv.benchmarks.loop_round import LoopRound
 from fedjax_inv.core.algorithm import CLIENT_OPT_STATE, Component
@@ -185,8 +185,8 @@ RUN = dict(rounds=ROUNDS, clients_per_round=3, eval_every=1, progress=False,
 
 @pytest.mark.slow
 def test_fused_rounds_replicas_and_sweeps_carry_the_state(tiny_binary):
-  from fedjax_inv import sweep
-  from fedjax_inv.replicas import run_replicas
+  from fedjax_inv.runner import sweep
+  from fedjax_inv.runner.replicas import run_replicas
   task = _task(tiny_binary)
   alg = _alg("persistent")
   seq = {s: simulation.run(task, alg, seed=s, **RUN) for s in (0, 1)}

@@ -22,7 +22,8 @@ SCRIPT = textwrap.dedent("""
     import os, sys, json, pathlib, contextlib, io
     os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
     import jax
-    from fedjax_inv import cli, simulation
+    from fedjax_inv import cli
+    from fedjax_inv.runner import simulation
     tmp = pathlib.Path(sys.argv[1])
     base = ["run", "--task", "linear_regression", "--algorithm", "fedavg,scaffold",
             "--rounds", "4", "--eval-every", "2", "--no-progress"]
@@ -136,7 +137,8 @@ CLI = ["-m", "fedjax_inv.cli", "run", "--task", "synthetic_hospital", "--algorit
 # raises KeyboardInterrupt (as Ctrl-C would), so `--resume` has a half-done run to continue.
 CUT = textwrap.dedent("""
     import sys
-    from fedjax_inv import checkpoint, cli
+    from fedjax_inv import cli
+    from fedjax_inv.runner import checkpoint
     real = checkpoint.save_checkpoint
     def save(path, state, meta):
         real(path, state, meta)

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_inv import checkpoint, simulation
+from fedjax_inv.runner import checkpoint, simulation
 from fedjax_inv.algorithms import make_algorithm
 from fedjax_inv.core.data import from_client_arrays
 from fedjax_inv.core.engine import build_round, init_state

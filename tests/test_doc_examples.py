@@ -181,7 +181,8 @@ def test_fast_validation_covers_every_claim():
 def test_command_is_valid(item, data_dir, tmp_path, monkeypatch, capsys):
   """Every check `fedjax-inv` makes before it compiles: the flags, the names, the
   hyperparameters and the task's data (planned, not trained)."""
-  from fedjax_inv import cli, experiment, tuning
+  from fedjax_inv import cli
+  from fedjax_inv.runner import experiment, tuning
   _, argv = item
   planned = []
 

@@ -21,5 +21,5 @@ def test_mkdocs_builds_strict(tmp_path):
                      capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
   assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
   page = (tmp_path / "site" / "api" / "running" / "index.html").read_text()
-  assert "fedjax_inv.simulation.run" in page and "checkpoint_every" in page
+  assert "fedjax_inv.runner.simulation.run" in page and "checkpoint_every" in page
   assert (tmp_path / "site" / "ALGORITHMS" / "index.html").is_file()

@@ -1,4 +1,4 @@
-"""Sample-level DP-SGD on the client (issue 25 item 5, ``fedjax_inv/dp_sgd.py``).
+"""Sample-level DP-SGD on the client (issue 25 item 5, ``fedjax_inv/privacy/dp_sgd.py``).
 
 Clipping and noise against their formulas in numpy, the engine's DP-SGD steps against the
 Python reference loop's per-example clipping (``tests/reference.py``), ε against
@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_inv import dp_sgd
+from fedjax_inv.privacy import dp_sgd
 from fedjax_inv.algorithms import make_algorithm
 from fedjax_inv.core.data import from_client_arrays
 from tests.reference import reference_run

@@ -15,7 +15,7 @@ import functools
 import pytest
 
 from fedjax_inv.algorithms import make_algorithm
-from fedjax_inv.simulation import run
+from fedjax_inv.runner.simulation import run
 from fedjax_inv.tasks import make_task
 
 SEEDS = (0, 1)

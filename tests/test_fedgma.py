@@ -5,9 +5,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_inv import aggregators as aggs
+from fedjax_inv.aggregation import aggregators as aggs
 from fedjax_inv.algorithms import make_algorithm
-from fedjax_inv.aggregators import (
+from fedjax_inv.aggregation.aggregators import (
     MaskedPseudoGradient, agreement_mask, masking_aggregator)
 from fedjax_inv.core.engine import build_round, init_state
 from tests.reference import batch_indices, loss_fn, round_keys

@@ -13,8 +13,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_inv import aggregators as aggs
-from fedjax_inv import models, penalties
+from fedjax_inv.aggregation import aggregators as aggs
+from fedjax_inv import models
+from fedjax_inv.algorithms import penalties
 from fedjax_inv.algorithms import make_algorithm, registry
 from fedjax_inv.algorithms import fedcurv, fedilc, fedsgd_type, fishr
 from fedjax_inv.core import losses

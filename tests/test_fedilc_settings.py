@@ -16,8 +16,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_inv import aggregators as aggs
-from fedjax_inv import models, penalties
+from fedjax_inv.aggregation import aggregators as aggs
+from fedjax_inv import models
+from fedjax_inv.algorithms import penalties
 from fedjax_inv.algorithms import make_algorithm
 from fedjax_inv.algorithms import fedilc
 from fedjax_inv.core import losses
@@ -101,7 +102,7 @@ def test_inter_geo_run_on_cifar_uses_full_client_gradients(fedilc_tasks):
   """The run itself (run_experiment, 1 round) records the settings it used: on
   Rotated-CIFAR10 Inter-Geo gets lr 1e-4, wd 1e-3, λ = 1 and no minibatch (the task's
   batch_size 64 is for other algorithms)."""
-  from fedjax_inv.experiment import run_experiment
+  from fedjax_inv.runner.experiment import run_experiment
   _, root = fedilc_tasks
   mp = pytest.MonkeyPatch()
   mp.setattr(sources, "load_dataset", functools.partial(sources.load_dataset, verify=False))

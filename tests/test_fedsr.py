@@ -14,7 +14,7 @@ from fedjax_inv.algorithms.fedsr import fedsr_component, fedsr_model, mc_predict
 from fedjax_inv.core.algorithm import CLIENT_OPT_STATE, Batch, Context
 from fedjax_inv.core.data import from_client_arrays
 from fedjax_inv.core.engine import build_round, default_forward, init_state
-from fedjax_inv.simulation import run
+from fedjax_inv.runner.simulation import run
 from fedjax_inv.tasks import Task
 from tests import reference as oracle
 from tests.reference import batch_indices, round_keys

@@ -8,7 +8,7 @@ import pytest
 
 from fedjax_inv import models, tasks
 from fedjax_inv.algorithms import make_algorithm
-from fedjax_inv.simulation import run
+from fedjax_inv.runner.simulation import run
 
 
 def test_cnn_pool_is_checked():

@@ -7,7 +7,7 @@ import pytest
 
 from fedjax_inv import Task
 from fedjax_inv.algorithms import make_algorithm
-from fedjax_inv import simulation
+from fedjax_inv.runner import simulation
 
 
 def _task(tiny_binary):

@@ -8,7 +8,8 @@ import json
 import numpy as np
 import pytest
 
-from fedjax_inv import checkpoint, cli, models, simulation
+from fedjax_inv import cli, models
+from fedjax_inv.runner import checkpoint, simulation
 from fedjax_inv.algorithms import make_algorithm
 from fedjax_inv.eval.lodo import SELECTIONS, select_rounds
 from fedjax_inv.tasks import make_task, register_task, task_registry
@@ -115,7 +116,7 @@ def test_holdout_resume_continues_from_the_checkpoint(tmp_path, monkeypatch, rep
   """Ctrl-C in the middle of a --holdout run with --checkpoint-every 1; --resume keeps
   the finished runs, continues the interrupted one from its checkpoint, and the results
   equal an uninterrupted run exactly."""
-  from fedjax_inv import replicas as replicas_lib
+  from fedjax_inv.runner import replicas as replicas_lib
   args = BASE + ["--algorithm", "fedavg", "--holdout", "all", "--seeds", "2",
                  "--checkpoint-every", "1", "--replicas", replicas]
   ref = tmp_path / "ref"

@@ -6,14 +6,16 @@ every module of fedjax_inv (module level and inside functions) and checks that
 * ``fedjax_inv/data`` (sources and partitioners) imports no task, algorithm or runner;
 * ``fedjax_inv/tasks`` imports only ``core``, ``data``, ``models`` and ``tasks`` (issue
   22: no algorithm, no run layer; an algorithm's settings on a task are task data);
-* ``fedjax_inv/outputs.py`` (the output writer), ``fedjax_inv/penalties.py`` and
-  ``fedjax_inv/aggregators.py`` import nothing of the package outside ``core``;
+* ``fedjax_inv/runner/outputs.py`` (the output writer), ``fedjax_inv/algorithms/penalties.py`` and
+  ``fedjax_inv/aggregation/aggregators.py`` import nothing of the package outside ``core``;
 * the package list of pyproject.toml names every package folder (the harness in
   benchmarks/ installs as fedjax_inv.benchmarks);
 * the public API's ``__all__`` names exist.
 """
 import ast
 import pathlib
+import subprocess
+import sys
 
 import pytest
 
@@ -104,7 +106,7 @@ def _cycles(graph: dict) -> list:
 def test_the_walker_sees_imports_and_cycles():
   # guards against a walker that finds nothing (a test that cannot fail)
   g = _graph()
-  assert "fedjax_inv.core.engine" in g["fedjax_inv.simulation"]
+  assert "fedjax_inv.core.engine" in g["fedjax_inv.runner.simulation"]
   assert "fedjax_inv.core.memory" in g["fedjax_inv.core.engine"]  # a function-level import
   assert "fedjax_inv.benchmarks.harness" in g["fedjax_inv.cli"]
   # a function-level import in a guarded layer
@@ -123,8 +125,8 @@ def test_core_imports_only_core():
 
 
 def test_data_imports_no_tasks_algorithms_or_runners():
-  upward = ("fedjax_inv.tasks", "fedjax_inv.algorithms", "fedjax_inv.simulation",
-            "fedjax_inv.experiment", "fedjax_inv.cli", "fedjax_inv.eval")
+  upward = ("fedjax_inv.tasks", "fedjax_inv.algorithms", "fedjax_inv.runner.simulation",
+            "fedjax_inv.runner.experiment", "fedjax_inv.cli", "fedjax_inv.eval")
   bad = {m: sorted(d for d in deps if d.startswith(upward))
          for m, deps in _graph().items() if m.startswith("fedjax_inv.data")}
   assert {m: d for m, d in bad.items() if d} == {}
@@ -146,12 +148,13 @@ def _outside(allowed, modules) -> dict:
 # tasks and algorithms) and the algorithms are above it.
 TASKS_MAY_IMPORT = ("fedjax_inv.core", "fedjax_inv.data", "fedjax_inv.models",
                     "fedjax_inv.tasks")
-RUN_LAYER = ("fedjax_inv.simulation", "fedjax_inv.replicas", "fedjax_inv.sweep",
-             "fedjax_inv.experiment", "fedjax_inv.tuning", "fedjax_inv.cli",
-             "fedjax_inv.lodo", "fedjax_inv.checkpoint")
+RUN_LAYER = ("fedjax_inv.runner.simulation", "fedjax_inv.runner.replicas",
+             "fedjax_inv.runner.sweep",
+             "fedjax_inv.runner.experiment", "fedjax_inv.runner.tuning", "fedjax_inv.cli",
+             "fedjax_inv.runner.lodo", "fedjax_inv.runner.checkpoint")
 # Evaluation (metrics, model selection, the LODO tables) is below the run layer: it reads
 # models, client data and histories, and may use the output writer's small helpers.
-EVAL_MAY_IMPORT = ("fedjax_inv.core", "fedjax_inv.eval", "fedjax_inv.outputs")
+EVAL_MAY_IMPORT = ("fedjax_inv.core", "fedjax_inv.eval", "fedjax_inv.runner.outputs")
 # Known violations of the guards below, each to be removed with the import it names (a
 # stale entry fails test_known_violations_still_exist, so the list cannot outlive a fix).
 KNOWN: set = set()
@@ -175,14 +178,15 @@ def test_tasks_import_only_core_data_models_tasks():
 
 
 def test_outputs_penalties_aggregators_import_only_core():
-  bad = _outside(("fedjax_inv.core",), ("fedjax_inv.outputs", "fedjax_inv.penalties",
-                                        "fedjax_inv.aggregators"))
+  bad = _outside(("fedjax_inv.core",), ("fedjax_inv.runner.outputs",
+                                        "fedjax_inv.algorithms.penalties",
+                                        "fedjax_inv.aggregation.aggregators"))
   assert _unknown(bad) == {}
 
 
 def test_eval_imports_only_core_eval_outputs():
   """``eval`` holds evaluation only: no runner (the leave-one-domain-out runner is
-  ``fedjax_inv.lodo``), no task or algorithm."""
+  ``fedjax_inv.runner.lodo``), no task or algorithm."""
   assert _unknown(_outside(EVAL_MAY_IMPORT, ("fedjax_inv.eval",))) == {}
 
 
@@ -211,3 +215,35 @@ def test_pyproject_lists_every_package():
              for f in ROOT.rglob("__init__.py")} | {"fedjax_inv.benchmarks"}
   assert set(conf["packages"]) == folders
   assert conf["package-dir"] == {"fedjax_inv.benchmarks": "benchmarks"}
+
+
+def test_package_top_holds_only_init_and_cli():
+  top = sorted(p.name for p in ROOT.glob("*.py"))
+  assert top == ["__init__.py", "cli.py"], top
+
+
+def test_importing_the_engine_loads_only_the_core():
+  code = ("import sys, fedjax_inv.core.engine; "
+          "print(sorted(m for m in sys.modules if m.startswith('fedjax_inv')))")
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       check=True, cwd=ROOT.parent).stdout
+  loaded = ast.literal_eval(out.strip())
+  assert loaded and all(m == "fedjax_inv" or m.startswith("fedjax_inv.core") for m in loaded), \
+      loaded
+
+
+def test_old_module_paths_warn_and_resolve_to_the_new_modules():
+  import importlib
+  import warnings
+  import fedjax_inv
+  for old, new in fedjax_inv.MOVED_MODULES.items():
+    sys.modules.pop(old, None)
+    with warnings.catch_warnings(record=True) as caught:
+      warnings.simplefilter("always")
+      module = importlib.import_module(old)
+    assert module is importlib.import_module(new)
+    assert module.__spec__.name == new
+    assert any(issubclass(w.category, DeprecationWarning) and new in str(w.message)
+               for w in caught), old
+  with pytest.warns(DeprecationWarning, match="privacy.client_dp"):
+    from fedjax_inv.privacy import clipped_mean  # noqa: F401

@@ -346,7 +346,7 @@ def test_bad_hyperparameters_raise(name, kw, match):
 
 def test_inv_fedavg_warns_when_the_run_ends_before_the_warmup(tiny_binary):
   """Issue 9.8: with rounds <= warmup_rounds, inv_fedavg equals FedAvg; say so."""
-  from fedjax_inv.simulation import run, warn_short_schedule
+  from fedjax_inv.runner.simulation import run, warn_short_schedule
   data, model = tiny_binary
   alg = make_algorithm("inv_fedavg", penalty_weight=1e4, warmup_rounds=5)
   assert warn_short_schedule(alg, 6) is None

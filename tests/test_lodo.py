@@ -9,10 +9,10 @@ import pytest
 
 from fedjax_inv import models
 from fedjax_inv.algorithms import make_algorithm
-from fedjax_inv import simulation
+from fedjax_inv.runner import simulation
 from fedjax_inv.core.data import from_client_arrays
 from fedjax_inv.tasks.domainbed import build_domain_task
-from fedjax_inv import lodo
+from fedjax_inv.runner import lodo
 from fedjax_inv.tasks import Task, make_task, register_task, task_registry
 
 DOMAINS = ["d0", "d1", "d2"]

@@ -1,4 +1,4 @@
-"""--log tensorboard,wandb,csv (fedjax_inv/loggers.py): what the event files, the CSV and
+"""--log tensorboard,wandb,csv (fedjax_inv/runner/loggers.py): what the event files, the CSV and
 the offline W&B runs hold equals metrics.jsonl; bad names are refused before anything runs."""
 import csv
 import json
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from fedjax_inv import loggers
+from fedjax_inv.runner import loggers
 
 
 def test_bad_logger_names_are_refused():

@@ -12,9 +12,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_inv import aggregators as aggs
+from fedjax_inv.aggregation import aggregators as aggs
 from fedjax_inv import models
-from fedjax_inv import penalties
+from fedjax_inv.algorithms import penalties
 from fedjax_inv.core import aggregator as core_agg
 from fedjax_inv.core import losses
 from fedjax_inv.core.data import ClientData

@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from fedjax_inv import cli, experiment, outputs
+from fedjax_inv import cli
+from fedjax_inv.runner import experiment, outputs
 
 
 def test_check_out_dir_refuses_files_and_foreign_folders(tmp_path):

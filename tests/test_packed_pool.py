@@ -9,7 +9,8 @@ import jax
 import numpy as np
 import pytest
 
-from fedjax_inv import cli, models, simulation
+from fedjax_inv import cli, models
+from fedjax_inv.runner import simulation
 from fedjax_inv.algorithms import make_algorithm
 from fedjax_inv.core import packed
 from fedjax_inv.core.data import from_client_arrays

@@ -1,4 +1,4 @@
-"""Behaviour tests for fedjax_inv.penalties (IRMv1, Fishr, FedProx, FedSR terms)."""
+"""Behaviour tests for fedjax_inv.algorithms.penalties (IRMv1, Fishr, FedProx, FedSR terms)."""
 import chex
 import jax
 import jax.numpy as jnp
@@ -6,7 +6,7 @@ import numpy as np
 import optax
 import pytest
 
-from fedjax_inv.penalties import (
+from fedjax_inv.algorithms.penalties import (
     classifier_per_sample_grads, cross_entropy, fishr_penalty, gaussian_kl, irm_v1, l2r,
     mse, per_sample_classifier_grad_variance, prox_term)
 
@@ -348,7 +348,7 @@ def test_l2r_modes_and_weights():
 def test_weighted_mean_fractional_weights_below_one_and_padded_inf_nan():
   """Σ w v / Σ w for weights summing to 0.75 (not 1, not > 1); zero-weight rows holding
   inf/NaN change neither the value nor any gradient (the helper's documented contract)."""
-  from fedjax_inv.penalties import _weighted_mean
+  from fedjax_inv.algorithms.penalties import _weighted_mean
   v = jnp.asarray([1.0, 2.0, jnp.inf, jnp.nan])
   w = jnp.asarray([0.25, 0.5, 0.0, 0.0])
   np.testing.assert_allclose(float(_weighted_mean(v, w)), (0.25 + 1.0) / 0.75, rtol=1e-6)
@@ -369,7 +369,7 @@ def test_weighted_mean_fractional_weights_below_one_and_padded_inf_nan():
 def test_weighted_mean_all_zero_weights_value_and_gradients():
   """All weights 0: the value is 0 and the gradients w.r.t. values and weights are finite
   (the 1/Σw branch that ``where`` discards must not put 0/0 into them)."""
-  from fedjax_inv.penalties import _weighted_mean
+  from fedjax_inv.algorithms.penalties import _weighted_mean
   v = jnp.asarray([1.0, jnp.inf, 3.0])
   w = jnp.zeros(3)
   assert float(_weighted_mean(v, w)) == 0.0
@@ -382,7 +382,7 @@ def test_weighted_mean_all_zero_weights_value_and_gradients():
 def test_integer_inputs_are_read_as_float32_and_float16_stays_float16(fn):
   """Integer logits / predictions are cast to float32 first (same value as the float
   call); a float16 input is kept in float16 (no silent up-cast of the caller's dtype)."""
-  import fedjax_inv.penalties as P
+  import fedjax_inv.algorithms.penalties as P
   f = getattr(P, fn)
   x = np.asarray([[2], [-1], [0], [3]])
   y = np.asarray([1, 0, 1, 1]) if fn != "mse" else np.asarray([1.5, -1.0, 0.5, 2.0])

@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from fedjax_inv import models, privacy, simulation
+from fedjax_inv import models
+from fedjax_inv.privacy import client_dp as privacy
+from fedjax_inv.runner import simulation
 from fedjax_inv.algorithms import make_algorithm, registry
 from fedjax_inv.core.data import from_client_arrays
 from fedjax_inv.tasks import Task

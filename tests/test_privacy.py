@@ -1,4 +1,4 @@
-"""Issue 25: client-level DP-FedAvg (fedjax_inv/privacy.py) and Poisson client sampling.
+"""Issue 25: client-level DP-FedAvg (fedjax_inv/privacy/client_dp.py) and Poisson client sampling.
 
 Accounting is checked against dp-accounting called directly and against pfl-research's
 accountants (values made by benchmarks/peers/pfl_accountant_values.py in pfl-research's
@@ -19,7 +19,9 @@ import pytest
 import dp_accounting as dpa
 from dp_accounting import pld, rdp
 
-from fedjax_inv import Task, models, privacy, simulation
+from fedjax_inv import Task, models
+from fedjax_inv.privacy import client_dp as privacy
+from fedjax_inv.runner import simulation
 from fedjax_inv.algorithms import make_algorithm
 from fedjax_inv.core import strategy
 from fedjax_inv.core.data import from_client_arrays

@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from fedjax_inv import progress, simulation
+from fedjax_inv.runner import progress, simulation
 from fedjax_inv.algorithms import make_algorithm
 from fedjax_inv.tasks import Task
 
@@ -130,7 +130,7 @@ def test_bar_is_tqdm_std_without_ipywidgets(monkeypatch):
 
 
 def test_batched_replicas_print_one_line_per_evaluated_round(tiny_binary, capsys):
-  from fedjax_inv.replicas import run_replicas
+  from fedjax_inv.runner.replicas import run_replicas
   out = run_replicas(_task(tiny_binary), _alg(), seeds=[0, 1], rounds=2, eval_every=1,
                      reporting=None, execution="scan")
   err = capsys.readouterr().err

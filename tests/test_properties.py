@@ -45,7 +45,7 @@ from hypothesis import given, reject, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from fedjax_inv.aggregators import (
+from fedjax_inv.aggregation.aggregators import (
     and_mask, geometric_mean_aggregator, gma_mask, masking_aggregator,
     weighted_geometric_mean, weighted_mean)
 from fedjax_inv.core.aggregator import traced_names

@@ -8,8 +8,8 @@ import pytest
 
 from fedjax_inv import Task
 from fedjax_inv.algorithms import make_algorithm
-from fedjax_inv import simulation
-from fedjax_inv.replicas import run_replicas
+from fedjax_inv.runner import simulation
+from fedjax_inv.runner.replicas import run_replicas
 
 
 def _task(tiny_binary):
@@ -113,7 +113,7 @@ def test_batched_checkpoint_resume_is_bit_identical(tiny_binary, tmp_path, name,
   with pytest.raises(KeyboardInterrupt):
     run_replicas(task, alg, checkpoint_dir=ckpt, checkpoint_every=2, callback=stop_at_5,
                  **kw)
-  from fedjax_inv import checkpoint
+  from fedjax_inv.runner import checkpoint
   assert checkpoint.latest_checkpoint(ckpt) == 4
   seen = []
   out = run_replicas(task, alg, checkpoint_dir=ckpt, checkpoint_every=2,

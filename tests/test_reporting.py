@@ -11,7 +11,7 @@ from sklearn.metrics import auc, precision_recall_curve, roc_auc_score
 
 from fedjax_inv import models
 from fedjax_inv.algorithms import make_algorithm
-from fedjax_inv import simulation
+from fedjax_inv.runner import simulation
 from fedjax_inv.core.data import from_client_arrays
 from fedjax_inv.eval import build_evaluator, metrics, reporting, summarize
 from fedjax_inv.tasks import Task, register_task, task_registry
@@ -278,7 +278,7 @@ if "_test_fedilc_like" not in task_registry():
 @pytest.mark.slow
 def test_experiment_writes_selected_and_last_k(tmp_path):
   import io
-  from fedjax_inv.experiment import run_experiment
+  from fedjax_inv.runner.experiment import run_experiment
   stream = io.StringIO()
   out = tmp_path / "run"
   cfg = {"task": "_test_fedilc_like", "algorithm": "fedavg,fedprox", "seeds": 1,

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from fedjax_inv import cli
-from fedjax_inv import checkpoint, simulation
+from fedjax_inv.runner import checkpoint, simulation
 
 ARGS = ["run", "--task", "linear_regression", "--algorithm", "fedavg", "--seeds", "2",
         "--rounds", "4", "--eval-every", "2", "--no-progress"]
@@ -79,7 +79,8 @@ def test_ctrl_c_writes_finished_runs_exits_130_and_resumes(tmp_path, monkeypatch
 # nothing of seed 1 written) however loaded the machine is. No timing decides the outcome.
 _HELD_CHILD = """
 import pathlib, sys, time
-from fedjax_inv import cli, simulation
+from fedjax_inv import cli
+from fedjax_inv.runner import simulation
 real = simulation.run
 def run(*a, **k):
   if k.get("seed") == 1:
@@ -124,7 +125,7 @@ def test_resume_refuses_a_different_config(tmp_path):
   out.mkdir()
   (out / "config.json").write_text(json.dumps({"task": "linear_regression"}))
   cfg = dict(task="linear_regression", algorithm="fedavg", rounds=3, resume=str(out))
-  from fedjax_inv.experiment import run_experiment
+  from fedjax_inv.runner.experiment import run_experiment
   with pytest.raises(ValueError, match="different config"):
     run_experiment(cfg, progress=False)
   assert sorted(p.name for p in out.iterdir()) == ["config.json"]
@@ -256,7 +257,7 @@ def test_cli_resume_of_batched_replicas_from_their_checkpoint(tmp_path, monkeypa
   """Issue 22: `--replicas batched` no longer turns checkpoints off: the batch (both seeds
   in one program) saves one checkpoint, an interrupted batch resumes from it, and the
   results equal an uninterrupted batched run exactly."""
-  from fedjax_inv import replicas
+  from fedjax_inv.runner import replicas
   args = ARGS + ["--replicas", "batched", "--checkpoint-every", "1", "--rounds", "5"]
   ref = tmp_path / "ref"
   assert cli.main(args + ["--out", str(ref)]) == 0

@@ -11,7 +11,7 @@ import pytest
 import scipy.optimize
 import scipy.stats
 
-from fedjax_inv import robust
+from fedjax_inv.aggregation import robust
 from fedjax_inv.algorithms import make_algorithm
 from fedjax_inv.core import adversary
 from fedjax_inv.core.adversary import Attack, Participation

@@ -8,7 +8,8 @@ import re
 
 import pytest
 
-from fedjax_inv import cli, config, experiment, sweep
+from fedjax_inv import cli
+from fedjax_inv.runner import config, experiment, sweep
 from fedjax_inv.algorithms import hparams, make_algorithm, registry, schema
 from fedjax_inv.core.aggregator import traced_names
 from fedjax_inv.core.algorithm import ENGINE_TRACED

@@ -81,7 +81,7 @@ SCRIPT = textwrap.dedent("""
 
     # A packed host pool on the 8 devices: each round's cohort is sent and sharded over
     # the mesh (not the pool); the same numbers as the sharded device pool.
-    from fedjax_inv import simulation
+    from fedjax_inv.runner import simulation
     from fedjax_inv.tasks import Task
     task = Task("s", "multiclass", data, {}, model, {})
     alg2 = make_algorithm("scaffold", client_lr=0.2, local_steps=3, batch_size=4)

@@ -4,7 +4,7 @@ import pytest
 
 from fedjax_inv import models
 from fedjax_inv.algorithms import make_algorithm
-from fedjax_inv import simulation
+from fedjax_inv.runner import simulation
 from fedjax_inv.core.engine import build_round
 from fedjax_inv.core.data import from_client_arrays
 from fedjax_inv.tasks import Task

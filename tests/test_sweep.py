@@ -1,4 +1,4 @@
-"""Issue 13: hyperparameter sweeps (fedjax_inv/sweep.py). Traced hyperparameters
+"""Issue 13: hyperparameter sweeps (fedjax_inv/runner/sweep.py). Traced hyperparameters
 (client/server learning rate, FedProx mu, Fishr lambda, FedIIR gamma, FedGMA tau) let a grid × seeds
 run as one batched program whose every replica equals the sequential run of that point;
 names that change the program fall back to one run after another, with the reason."""
@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from fedjax_inv import Task
-from fedjax_inv import sweep
+from fedjax_inv.runner import sweep
 from fedjax_inv.algorithms import make_algorithm
-from fedjax_inv import simulation
-from fedjax_inv.replicas import run_replicas
+from fedjax_inv.runner import simulation
+from fedjax_inv.runner.replicas import run_replicas
 
 
 def _task(tiny_binary):
@@ -161,7 +161,7 @@ def test_bad_traced_hyperparameters_are_refused_before_compiling(tiny_binary):
 @pytest.mark.slow
 def test_run_experiment_sweep_writes_one_row_per_point(tmp_path):
   import json
-  from fedjax_inv.experiment import run_experiment
+  from fedjax_inv.runner.experiment import run_experiment
   cfg = dict(task="colored_mnist", algorithm="fedavg,fedprox", rounds=2, seeds=2,
              sweep=["lr=0.1,0.05", "fedprox.mu=0,0.5"], replicas="batched",
              out=str(tmp_path / "r"))

@@ -18,7 +18,7 @@ import sys
 import numpy as np
 import pytest
 
-from fedjax_inv import outputs, tuning
+from fedjax_inv.runner import outputs, tuning
 from fedjax_inv.eval import verdict as vd
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]

@@ -8,7 +8,7 @@ import scipy.ndimage
 
 from fedjax_inv import tasks
 from fedjax_inv.algorithms import make_algorithm
-from fedjax_inv.simulation import run
+from fedjax_inv.runner.simulation import run
 from fedjax_inv.data import rotated
 from fedjax_inv.data import sources
 from tests import reference as oracle

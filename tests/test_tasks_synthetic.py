@@ -4,7 +4,7 @@ import pytest
 
 from fedjax_inv import tasks
 from fedjax_inv.algorithms import make_algorithm
-from fedjax_inv.simulation import run
+from fedjax_inv.runner.simulation import run
 from fedjax_inv.data import synthetic
 
 

@@ -1,4 +1,4 @@
-"""The fair tuning protocol (fedjax_inv/tuning.py) and the validation split.
+"""The fair tuning protocol (fedjax_inv/runner/tuning.py) and the validation split.
 
 What must hold: every method gets the same number of trials (trial 0 = its starting
 values); selection follows the validation score, never the OOD set; tuning and report
@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import pytest
 
-from fedjax_inv import tuning
+from fedjax_inv.runner import tuning
 from fedjax_inv.algorithms import hparams as hp
 from fedjax_inv.tasks import make_task, with_validation
 
@@ -100,7 +100,7 @@ def _fake_records(scores):
       final = None
     rec = {"key": key, "algorithm": label, "hparams": dict(settings), "status": "ok",
            "final": final, "history": []}
-    from fedjax_inv import outputs
+    from fedjax_inv.runner import outputs
     outputs.write_json(path, rec)
     return rec
   return fake, calls

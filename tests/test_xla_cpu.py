@@ -1,4 +1,4 @@
-"""fedjax_inv.xla_cpu: the package's XLA:CPU flags merge into XLA_FLAGS, never override
+"""fedjax_inv.core.xla_cpu: the package's XLA:CPU flags merge into XLA_FLAGS, never override
 it, have a switch, and do not change results beyond float32 rounding (issue 30)."""
 import json
 import os
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from fedjax_inv import xla_cpu
+from fedjax_inv.core import xla_cpu
 
 FLAGS = {"xla_cpu_a": "1", "xla_cpu_b": ""}
 
@@ -94,7 +94,8 @@ def test_avx512_read_from_cpuinfo(tmp_path):
 
 _CHILD = r"""
 import json, jax, jax.numpy as jnp, numpy as np, fedjax_inv
-from fedjax_inv import models, xla_cpu
+from fedjax_inv import models
+from fedjax_inv.core import xla_cpu
 rng = np.random.default_rng(0)
 m = models.cnn(1, channels=(8, 16))
 p = m.init(jax.random.key(0))

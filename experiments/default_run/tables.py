@@ -3,7 +3,7 @@ generated from its committed output folder ``run/`` (``summary.json``: one recor
 algorithm and seed, with the final-round metrics and the settings used).
 
 * ``default``: train and OOD accuracy per algorithm, mean ± sample std over the seeds
-  (``fedjax_inv.outputs.format_mean_std``), with each method's settings and where they
+  (``fedjax_inv.runner.outputs.format_mean_std``), with each method's settings and where they
   came from.
 * ``seeds``: the OOD accuracy of every seed.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import pathlib
 
-from fedjax_inv import outputs
+from fedjax_inv.runner import outputs
 
 HERE = pathlib.Path(__file__).resolve().parent
 RUN = HERE / "run"

@@ -25,14 +25,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import pathlib
-import platform
 import sys
-import tempfile
 import time
 
 import numpy as np
+
+from fedjax_inv.runner import experiment, outputs
 
 HERE = pathlib.Path(__file__).resolve().parent
 
@@ -68,18 +67,6 @@ def alg_spec(label: str, tau: float, mu: float) -> tuple[str, dict]:
           "fedgma_fedprox": ("fedgma", dict(base="fedprox", tau=tau, mu=mu))}[label]
 
 
-def _machine() -> dict:
-  import jax
-  return {"platform": platform.platform(), "cpu_count": os.cpu_count(),
-          "devices": [str(d) for d in jax.devices()], "jax": jax.__version__}
-
-
-def _atomic_json(path: pathlib.Path, obj) -> None:
-  path.parent.mkdir(parents=True, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-  with os.fdopen(fd, "w") as f:
-    json.dump(obj, f, indent=1)
-  os.replace(tmp, path)
 
 
 def last_mean(history, metric: str, last: int) -> float:
@@ -130,7 +117,7 @@ def run_row(row: str, args) -> dict:
              "n_train": args.n_train, "n_test": args.n_test, "tau": args.tau,
              "mu": args.mu, "channels": args.channels, "local_steps": args.local_steps,
              "client_lr": args.client_lr, "seeds": seeds, "command": " ".join(sys.argv),
-             "machine": _machine(), "paper": PAPER[row], "runs": []}
+             "machine": experiment.provenance(), "paper": PAPER[row], "runs": []}
   # Seeds outermost: a partial run still holds complete comparisons.
   for s in seeds:
     for label in labels:
@@ -138,7 +125,7 @@ def run_row(row: str, args) -> dict:
       results["runs"].append(r)
       print(f"{row} {label} seed={s}: last-{args.last} {ROWS[row]['metric']} "
             f"{r['last_mean']:.4f} ({r['seconds']} s)", flush=True)
-      _atomic_json(out, results)
+      outputs.write_json(out, results)
   print(table_of(results))
   return results
 
@@ -157,7 +144,7 @@ def tune(args) -> dict:
   trials = {"fedavg": [{"client_lr": base_lr * f} for f in (0.5, 1.0, 2.0)],
             "fedgma": [{"client_lr": base_lr, "tau": t} for t in (0.2, 0.4, 0.6)]}
   out = pathlib.Path(args.out) / f"tune_{row}.json"
-  res = {"command": " ".join(sys.argv), "machine": _machine(), "seed": 100,
+  res = {"command": " ".join(sys.argv), "machine": experiment.provenance(), "seed": 100,
          "rounds": args.rounds, "n_train": args.n_train, "trials": []}
   for label, grid in trials.items():
     for ov in grid:
@@ -166,13 +153,14 @@ def tune(args) -> dict:
       r["overrides"] = ov
       res["trials"].append(r)
       print(f"tune {label} {ov}: {r['last_mean']:.4f}", flush=True)
-      _atomic_json(out, res)
+      outputs.write_json(out, res)
   return res
 
 
 def _ms(vals):
-  """Mean ± sample std over seeds (ddof 1), in % (:func:`fedjax_inv.outputs.format_mean_std`)."""
-  from fedjax_inv import outputs
+  """Mean ± sample std over seeds (ddof 1), in %
+  (:func:`fedjax_inv.runner.outputs.format_mean_std`)."""
+  from fedjax_inv.runner import outputs
   return outputs.format_mean_std(vals, 1, scale=100.0)
 
 

@@ -13,7 +13,7 @@ the final metrics and the per-round curve):
 * ``results_cpu_r150/tune_mnist.json``: the unequal tuning (selected on test accuracy).
 * ``results_cpu/{mnist,fed_cmnist}.json``: 30-round MNIST and 20-round FedCMNIST.
 
-± everywhere: :func:`fedjax_inv.outputs.format_mean_std` (sample std over seeds, ddof 1).
+± everywhere: :func:`fedjax_inv.runner.outputs.format_mean_std` (sample std over seeds, ddof 1).
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ import importlib.util
 import json
 import pathlib
 
-from fedjax_inv import outputs, tuning
+from fedjax_inv.runner import outputs, tuning
 from fedjax_inv.eval.verdict import Claim
 
 HERE = pathlib.Path(__file__).resolve().parent

@@ -39,14 +39,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import pathlib
-import platform
 import sys
-import tempfile
 import time
 
 import numpy as np
+
+from fedjax_inv.runner import experiment, outputs
 
 HERE = pathlib.Path(__file__).resolve().parent
 PAPER = {"c5": {"fedavg": (94.5, 0.1), "fediir": (95.0, 0.2)},
@@ -54,18 +53,6 @@ PAPER = {"c5": {"fedavg": (94.5, 0.1), "fediir": (95.0, 0.2)},
 GAMMA_GRID = (0.0, 1e-4, 1e-3, 1e-2, 1e-1)
 
 
-def _machine() -> dict:
-  import jax
-  return {"platform": platform.platform(), "cpu_count": os.cpu_count(),
-          "devices": [str(d) for d in jax.devices()], "jax": jax.__version__}
-
-
-def _atomic_json(path: pathlib.Path, obj) -> None:
-  path.parent.mkdir(parents=True, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-  with os.fdopen(fd, "w") as f:
-    json.dump(obj, f, indent=1)
-  os.replace(tmp, path)
 
 
 def select_by_val(history) -> dict:
@@ -122,7 +109,7 @@ def run_row(row: str, args) -> dict:
          "model": args.model, "channels": args.channels, "lr": args.lr,
          "batch_size": args.batch_size, "local_steps": args.local_steps,
          "command": " ".join(sys.argv),
-         "machine": _machine(), "paper": PAPER.get(row), "runs": []}
+         "machine": experiment.provenance(), "paper": PAPER.get(row), "runs": []}
   # Seeds outermost, methods innermost: a partial run still holds complete comparisons.
   for s in seeds:
     for h in holdouts:
@@ -132,7 +119,7 @@ def run_row(row: str, args) -> dict:
         print(f"{row} {label} γ_code={pen:g} seed={s} holdout={h}: test "
               f"{r['selected']['test']:.4f} (round {r['selected']['round']}, "
               f"{r['seconds']} s)", flush=True)
-        _atomic_json(out, res)
+        outputs.write_json(out, res)
   print(table_of(res))
   return res
 
@@ -152,7 +139,7 @@ def summarize(res: dict) -> dict:
 def table_of(res: dict) -> str:
   """Markdown table of one row's JSON: per method, mean ± sample std (ddof 1) over seeds
   of the held-out-domain average, in %."""
-  from fedjax_inv import outputs
+  from fedjax_inv.runner import outputs
   rows = [f"| {res['row']} ({res['num_clients']} clients) | γ (code) | paper | ours |",
           "|---|---|---|---|"]
   for (label, pen), vals in summarize(res).items():

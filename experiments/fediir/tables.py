@@ -17,7 +17,7 @@ the validation-selected round, its test accuracy, and the last round's):
 * ``results_cpu_h75/c5.json``: 75°, 300 images per domain, 30 rounds.
 * ``results_cpu_gamma/gamma.json``: the γ grid at 50 clients, 0°.
 
-± everywhere: :func:`fedjax_inv.outputs.format_mean_std` (sample std over seeds, ddof 1).
+± everywhere: :func:`fedjax_inv.runner.outputs.format_mean_std` (sample std over seeds, ddof 1).
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ import pathlib
 
 import numpy as np
 
-from fedjax_inv import outputs
+from fedjax_inv.runner import outputs
 from fedjax_inv.eval.verdict import Claim
 
 HERE = pathlib.Path(__file__).resolve().parent

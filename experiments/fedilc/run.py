@@ -85,13 +85,13 @@ def _fairness_accuracies(evaluate, params, task, metrics) -> list:
 def run_one(method: str, seed: int, rounds: int, sets: dict, data_dir=None,
             task_name: str = TASK) -> dict:
   """Trains one row on one seed with the library's training loop
-  (``fedjax_inv.simulation.run``, every round evaluated, the lowest-OOD-loss round from
+  (``fedjax_inv.runner.simulation.run``, every round evaluated, the lowest-OOD-loss round from
   round ``FIRST_REPORTABLE + 1`` selected by ``Reporting``); returns the metrics at that
   round. Rounds in the returned ``best_round`` / ``history`` are 0-based, as the official
   code's ``round_idx`` and the committed ``results/*.json``."""
   from fedjax_inv.algorithms import make_algorithm
   from fedjax_inv.eval import build_evaluator, metrics
-  from fedjax_inv.simulation import run
+  from fedjax_inv.runner.simulation import run
   from fedjax_inv.tasks import make_task
 
   name, extra = ROWS[method]
@@ -162,7 +162,7 @@ def _write(path, a, tag, sets, runs):
 
 
 def _ms(v):
-  from fedjax_inv.outputs import format_mean_std  # sample std (ddof 1), the one convention
+  from fedjax_inv.runner.outputs import format_mean_std  # sample std (ddof 1), the one convention
   return format_mean_std(np.asarray(v, float).tolist(), 3)
 
 

@@ -12,7 +12,7 @@ import importlib.util
 import json
 import pathlib
 
-from fedjax_inv import outputs
+from fedjax_inv.runner import outputs
 from fedjax_inv.eval.verdict import Claim
 
 HERE = pathlib.Path(__file__).resolve().parent

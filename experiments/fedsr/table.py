@@ -50,7 +50,7 @@ def per_seed(out: pathlib.Path, alg: str, selection: str = "last") -> dict:
 
 
 def _cell(values) -> str:
-  from fedjax_inv.outputs import format_mean_std  # sample std (ddof 1), the one convention
+  from fedjax_inv.runner.outputs import format_mean_std  # sample std (ddof 1), the one convention
   return format_mean_std(list(values), 1, scale=100.0)
 
 

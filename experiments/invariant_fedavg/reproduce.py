@@ -24,14 +24,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import pathlib
-import platform
 import sys
-import tempfile
 import time
 
 import numpy as np
+
+from fedjax_inv.runner import experiment, outputs
 
 HERE = pathlib.Path(__file__).resolve().parent
 
@@ -83,19 +82,6 @@ ROWS = {
 }
 
 
-def _machine() -> dict:
-  import jax
-  return {"platform": platform.platform(), "processor": platform.processor(),
-          "cpus": os.cpu_count(), "jax": jax.__version__,
-          "backend": jax.default_backend(), "device": str(jax.devices()[0])}
-
-
-def _atomic_json(path: pathlib.Path, obj) -> None:
-  path.parent.mkdir(parents=True, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-  with os.fdopen(fd, "w") as f:
-    json.dump(obj, f, indent=1, default=float)
-  os.replace(tmp, path)
 
 
 def run_one(task_name, task_kw, algorithm, alg_kw, rounds, eval_every, seed,
@@ -127,7 +113,7 @@ def run_row(name: str, seeds, rounds=None, out=HERE / "results", data_dir=None) 
     settings = [(v, {key: v}) for v in values]
   results = {"row": name, "task": row["task"], "rounds": rounds, "seeds": list(seeds),
              "inv_fedavg": inv_kw, "common": row["common"], "paper": row["paper"],
-             "machine": _machine(),
+             "machine": experiment.provenance(),
              "command": "python experiments/invariant_fedavg/reproduce.py " +
                         " ".join(sys.argv[1:]),
              "runs": []}
@@ -151,13 +137,13 @@ def run_row(name: str, seeds, rounds=None, out=HERE / "results", data_dir=None) 
               f"train_{m}={f[f'train_{m}']:.3f} ood_{m}={f[f'ood_{m}']:.3f} "
               f"({r['seconds']:.1f}s)", flush=True)
   results["seconds"] = round(time.perf_counter() - t0, 1)
-  _atomic_json(pathlib.Path(out) / f"{name}.json", results)
+  outputs.write_json(pathlib.Path(out) / f"{name}.json", results)
   print(table(results))
   return results
 
 
 def _ms(vals):
-  from fedjax_inv.outputs import format_mean_std  # sample std (ddof 1), the one convention
+  from fedjax_inv.runner.outputs import format_mean_std  # sample std (ddof 1), the one convention
   return format_mean_std(np.asarray(vals, float).tolist(), 3)
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import pathlib
 
-from fedjax_inv import outputs
+from fedjax_inv.runner import outputs
 
 HERE = pathlib.Path(__file__).resolve().parent
 RESULTS = HERE / "results"

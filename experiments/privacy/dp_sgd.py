@@ -1,4 +1,4 @@
-"""Sample-level DP-SGD on the client (fedjax_inv/dp_sgd.py): FedAvg's
+"""Sample-level DP-SGD on the client (fedjax_inv/privacy/dp_sgd.py): FedAvg's
 held-out accuracy against the per-example epsilon.
 
 Task: the bundled MNIST sample (4,000 training images, 1,000 held-out test images), i.i.d.
@@ -26,7 +26,9 @@ import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 
-from fedjax_inv import Task, dp_sgd, models, outputs, simulation  # noqa: E402
+from fedjax_inv import Task, models  # noqa: E402
+from fedjax_inv.privacy import dp_sgd  # noqa: E402
+from fedjax_inv.runner import outputs, simulation  # noqa: E402
 from fedjax_inv.algorithms import make_algorithm  # noqa: E402
 from fedjax_inv.core.data import from_client_arrays  # noqa: E402
 from fedjax_inv.data import sources  # noqa: E402

@@ -1,4 +1,4 @@
-"""Privacy-utility table: client-level DP-FedAvg (fedjax_inv/privacy.py) at
+"""Privacy-utility table: client-level DP-FedAvg (fedjax_inv/privacy/client_dp.py) at
 epsilon in {1, 2, 4, 8, inf} (delta 1e-5) for FedAvg, Invariant FedAvg and FedILC's Fishr
 (Intra-Arith: Fishr+Inter-Geo's geometric mean is not a mean of the client updates, so DP
 cannot cover it; it runs at epsilon = inf only), on 1,000 MNIST clients.
@@ -27,7 +27,9 @@ import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 
-from fedjax_inv import Task, models, outputs, privacy, simulation  # noqa: E402
+from fedjax_inv import Task, models  # noqa: E402
+from fedjax_inv.runner import outputs, simulation  # noqa: E402
+from fedjax_inv.privacy import client_dp as privacy  # noqa: E402
 from fedjax_inv.algorithms import make_algorithm  # noqa: E402
 from fedjax_inv.core.data import from_client_arrays  # noqa: E402
 from fedjax_inv.data import sources  # noqa: E402

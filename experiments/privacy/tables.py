@@ -12,7 +12,7 @@ stopped it (``status`` "diverged": a non-finite value), when it has no final met
 when its final training loss is non-finite or above ``DIVERGED_LOSS_FACTOR × ln K``
 (K = 10 classes: ln K ≈ 2.30 is the loss of the uniform prediction, the initial loss;
 the threshold is ≈ 23). Its accuracies are then left out of the mean and the cell says
-"(k/n finite)". ± = sample std over seeds (``fedjax_inv.outputs.format_mean_std``,
+"(k/n finite)". ± = sample std over seeds (``fedjax_inv.runner.outputs.format_mean_std``,
 ddof 1).
 
 Only reads committed files under this folder; runs nothing.
@@ -23,7 +23,7 @@ import json
 import math
 import pathlib
 
-from fedjax_inv.outputs import format_mean_std, mean_std
+from fedjax_inv.runner.outputs import format_mean_std, mean_std
 
 HERE = pathlib.Path(__file__).resolve().parent
 NUM_CLASSES = 10

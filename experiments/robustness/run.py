@@ -33,7 +33,9 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 
-from fedjax_inv import models, outputs, robust, simulation  # noqa: E402
+from fedjax_inv import models  # noqa: E402
+from fedjax_inv.runner import outputs, simulation  # noqa: E402
+from fedjax_inv.aggregation import robust  # noqa: E402
 from fedjax_inv.algorithms import make_algorithm  # noqa: E402
 from fedjax_inv.core.adversary import Attack, Participation  # noqa: E402
 from fedjax_inv.tasks import make_task  # noqa: E402

@@ -11,7 +11,7 @@ needs and whether this table's setting meets it; the rule's parameters (Krum's f
 trimmed mean's β, the bucket size) and the attacker fraction are read from the raw runs'
 ``hparams``, the number of attackers is ``floor(fraction · clients)`` as in
 ``fedjax_inv/core/adversary.py``. ± = sample std over seeds
-(``fedjax_inv.outputs.format_mean_std``, ddof 1); a run without a final accuracy counts
+(``fedjax_inv.runner.outputs.format_mean_std``, ddof 1); a run without a final accuracy counts
 as diverged ("k/n finite").
 
 Only reads committed files under this folder; runs nothing.
@@ -22,8 +22,8 @@ import json
 import math
 import pathlib
 
-from fedjax_inv import tuning
-from fedjax_inv.outputs import format_mean_std
+from fedjax_inv.runner import tuning
+from fedjax_inv.runner.outputs import format_mean_std
 
 HERE = pathlib.Path(__file__).resolve().parent
 RESULTS = HERE / "results"

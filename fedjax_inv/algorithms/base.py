@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_inv import aggregators as aggs
+from fedjax_inv.aggregation import aggregators as aggs
 from fedjax_inv.core.algorithm import Algorithm
 # The registry is core's (the tasks read it); re-exported here for the factories.
 from fedjax_inv.core.algorithm import Entry, register, registry  # noqa: F401
@@ -133,9 +133,9 @@ def server_optimizer(name: str, lr: float, momentum: float = 0.9, b1: float = 0.
 def aggregator(name: str, tau: float = 0.4) -> aggs.Aggregator:
   """Aggregator by name: 'mean' (weighted mean), 'geometric' (FedILC §3.1 weighted
   geometric mean), 'gma' (FedGMA §4 soft mask on the mean), 'and_mask' (AND-mask), or a
-  robust one (``fedjax_inv.robust.parse``: 'median', 'trimmed_mean:beta=0.1',
+  robust one (``fedjax_inv.aggregation.robust.parse``: 'median', 'trimmed_mean:beta=0.1',
   'krum:f=1', 'multi_krum:f=1,m=2', 'geomed', 'centered_clip:tau=1')."""
-  from fedjax_inv import robust
+  from fedjax_inv.aggregation import robust
   if str(name).partition(":")[0] in robust.ROBUST:
     return robust.parse(name)
   if name not in AGGREGATORS:

@@ -15,7 +15,7 @@ The personal models live in the engine's per-client pool state (``[N, ...]``, th
 component's ``init_client`` / ``update_client`` hooks), so every execution strategy, sweep
 replica and checkpoint carries them. Evaluation reports each client's personal model on
 its own held-out rows (``personal_val_*``) and training data (``personal_train_*``)
-beside the global model's (``fedjax_inv.simulation.personal_metrics``).
+beside the global model's (``fedjax_inv.runner.simulation.personal_metrics``).
 """
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from fedjax_inv import penalties
+from fedjax_inv.algorithms import penalties
 from fedjax_inv.algorithms.base import (FEDSGD_CLIENT_RECIPE, FEDSGD_FIXED, build, register,
                                         uniform_mean)
 from fedjax_inv.core.algorithm import Component, hparam
@@ -135,10 +135,10 @@ fedyogi = _adaptive("fedyogi", "yogi", "FedYogi: server Yogi (Reddi Alg. 2).")
                   "rescaled by their weighted mean (= FedAvg when steps are equal)")
 def fednova(**kw):
   """FedNova: FedAvg whose pseudo-gradient is ``τ_eff Σ p_i Δ_i / τ_i``
-  (``fedjax_inv.robust.fednova``), correct when clients run different numbers of local
+  (``fedjax_inv.aggregation.robust.fednova``), correct when clients run different numbers of local
   steps (``local_epochs`` over clients of different sizes, stragglers). Raises
   ValueError for an ``aggregator`` other than 'mean' (FedNova is its own aggregator)."""
-  from fedjax_inv import robust
+  from fedjax_inv.aggregation import robust
   if kw.get("aggregator", "mean") != "mean":
     raise ValueError(f"fednova: aggregator={kw['aggregator']!r}; FedNova's normalized "
                      "average is its aggregator, leave --aggregator unset.")

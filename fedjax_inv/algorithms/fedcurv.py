@@ -9,8 +9,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from fedjax_inv import aggregators as aggs
-from fedjax_inv import penalties
+from fedjax_inv.aggregation import aggregators as aggs
+from fedjax_inv.algorithms import penalties
 from fedjax_inv.algorithms import base
 from fedjax_inv.algorithms.base import register
 from fedjax_inv.algorithms.fedsgd_type import server_settings

@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_inv.aggregators import mask_step, sign_agreement
+from fedjax_inv.aggregation.aggregators import mask_step, sign_agreement
 from fedjax_inv.algorithms.base import make_algorithm, register, registry
 from fedjax_inv.core.algorithm import Component
 

@@ -7,7 +7,7 @@ zeros, the scalable Intra-Geo, task settings): docs/ALGORITHMS.md#fedilc.
 """
 from __future__ import annotations
 
-from fedjax_inv import aggregators as aggs
+from fedjax_inv.aggregation import aggregators as aggs
 from fedjax_inv.algorithms.base import FEDSGD_FIXED, register
 from fedjax_inv.algorithms.fedsgd_type import fedsgd_type
 from fedjax_inv.algorithms.fishr import fishr_component

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import optax
 
-from fedjax_inv import aggregators as aggs
+from fedjax_inv.aggregation import aggregators as aggs
 from fedjax_inv.algorithms.base import FEDSGD_CLIENT_RECIPE
 from fedjax_inv.core.algorithm import WEIGHTINGS, Algorithm
 from fedjax_inv.core.validation import choice as _choice, finite as _finite, nonneg as _nonneg

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_inv import penalties
+from fedjax_inv.algorithms import penalties
 from fedjax_inv.algorithms.base import build, register
 from fedjax_inv.algorithms.fedsr_model import (REFERENCE, fedsr_model, gaussian_params,
                                                mc_predict_logits)

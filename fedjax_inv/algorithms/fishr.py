@@ -1,6 +1,6 @@
 """The Fishr penalty of FedILC §3.2 as a message protocol (pre-stage gradient variances,
 main-stage VJP, server step ``+ λ ∇L_Fishr``). Factories:
-``fedjax_inv/algorithms/fedilc.py``; the array math: ``fedjax_inv/penalties.py``.
+``fedjax_inv/algorithms/fedilc.py``; the array math: ``fedjax_inv/algorithms/penalties.py``.
 """
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from fedjax_inv import penalties
+from fedjax_inv.algorithms import penalties
 from fedjax_inv.algorithms.base import uniform_mean
 from fedjax_inv.core.algorithm import Batch, Component, hparam
 from fedjax_inv.core.validation import choice as _choice, nonneg as _nonneg

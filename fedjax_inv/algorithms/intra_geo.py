@@ -9,8 +9,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from fedjax_inv import aggregators as aggs
-from fedjax_inv import penalties
+from fedjax_inv.aggregation import aggregators as aggs
+from fedjax_inv.algorithms import penalties
 from fedjax_inv.core import losses
 from fedjax_inv.core.algorithm import Batch, Component
 from fedjax_inv.core.validation import choice as _choice, pos_int as _pos_int

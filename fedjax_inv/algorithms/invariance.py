@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_inv import penalties
+from fedjax_inv.algorithms import penalties
 from fedjax_inv.algorithms.base import build, register
 from fedjax_inv.core import losses
 from fedjax_inv.core.algorithm import Component

@@ -6,7 +6,7 @@ engine adds those statistics over clients (in any order and grouping: all at onc
 ``finalize`` turns the sums into the aggregate. Because the only combine step is ``+``,
 every execution strategy gives the same numbers up to float32 summation order
 (docs/ARCHITECTURE.md, 'A round is a map-reduce over a client axis'). The aggregators of
-the papers (geometric mean, sign masks) are in ``fedjax_inv/aggregators.py``.
+the papers (geometric mean, sign masks) are in ``fedjax_inv/aggregation/aggregators.py``.
 """
 from __future__ import annotations
 
@@ -36,8 +36,8 @@ class Aggregator(NamedTuple):
   ctx=Context)`` with the client's context (DP's adaptive clip norm in
   ``ctx.extras``; :func:`reads_context`).
 
-  ``gather=True`` (the robust aggregators of ``fedjax_inv/robust.py``): the lifted values
-  are not summed but stacked over the client axis, and ``finalize`` gets the stack
+  ``gather=True`` (the robust aggregators of ``fedjax_inv/aggregation/robust.py``): the
+  lifted values are not summed but stacked over the client axis, and ``finalize`` gets the stack
   ``[C, ...]`` (a median or Krum needs every update at once); a ``finalize`` with the
   attribute ``needs_key = True`` also gets ``key=`` (the round's server key).
   """
@@ -125,7 +125,8 @@ def flatten_clients(stacked) -> tuple:
   """``(x [C, D] float32, unflatten)`` of a stacked message pytree (leaves ``[C, ...]``):
   each client's parameters as one row. ``unflatten(v)`` maps ``[D]`` back to one client's
   pytree, or ``[C, D]`` back to the stack (the leaves' shapes and dtypes). Used by the
-  robust aggregators (``fedjax_inv/robust.py``) and the attacks (``core/adversary.py``)."""
+  robust aggregators (``fedjax_inv/aggregation/robust.py``) and the attacks
+  (``core/adversary.py``)."""
   leaves, tree = jax.tree.flatten(stacked)
   c = leaves[0].shape[0]
   x = jnp.concatenate([l.reshape(c, -1).astype(jnp.float32) for l in leaves], axis=1)

@@ -152,11 +152,11 @@ class Component:
       evaluates every pool client's personal model on that client's own rows of each
       evaluation set with one client per training client (``personal_val_*``) and on
       its training data (``personal_train_*``), beside the global model's metrics
-      (``fedjax_inv.simulation.personal_metrics``). At most one component has it.
+      (``fedjax_inv.runner.simulation.personal_metrics``). At most one component has it.
 
   Data field ``traced``: names of the hyperparameters the hooks read with
   :func:`hparam` (e.g. FedProx's ``'mu'``), so a sweep over them runs batched as one
-  program (``fedjax_inv/sweep.py``); the value the component was built with is the
+  program (``fedjax_inv/runner/sweep.py``); the value the component was built with is the
   fallback. A traced coefficient must not change the component's structure.
 
   Data field ``needs_split``: True when the hooks read the model's featurizer /
@@ -304,7 +304,7 @@ class Algorithm:
     client_sampling: ``'fixed'`` (default): each round draws exactly ``C`` pool clients
       uniformly without replacement. ``'poisson'``: each pool client takes part
       independently with probability ``q = C / N`` (what the DP accountants assume;
-      ``fedjax_inv/privacy.py``), in a padded buffer of ``strategy.poisson_slots(N, C)``
+      ``fedjax_inv/privacy/client_dp.py``), in a padded buffer of ``strategy.poisson_slots(N, C)``
       slots whose empty slots weigh 0.
 
   Raises (on construction):

@@ -1,12 +1,12 @@
 """Leave-one-domain-out (LODO) evaluation: DomainBed's model-selection methods side by side
 over a run's history, and the paper-style tables (pure functions of result dicts; the
-runner is ``fedjax_inv.lodo.run_lodo``).
+runner is ``fedjax_inv.runner.lodo.run_lodo``).
 
-For every held-out domain × algorithm × seed, ``fedjax_inv.lodo.run_lodo`` builds the
+For every held-out domain × algorithm × seed, ``fedjax_inv.runner.lodo.run_lodo`` builds the
 domain task with that ``holdout`` (the shared domain-task contract: training clients = the
 source domains,
 ``eval_sets = {'val': one client per source domain (its validation split), 'ood': the
-held-out domain}``), trains with ``fedjax_inv.simulation.run`` and reads the OOD
+held-out domain}``), trains with ``fedjax_inv.runner.simulation.run`` and reads the OOD
 accuracy at the round chosen by each selection method (over the evaluated rounds):
 
 * ``training-domain validation`` — the round with the highest validation accuracy over
@@ -27,7 +27,7 @@ accuracy at the round chosen by each selection method (over the evaluated rounds
 
 Results are tabulated like the papers' tables: per (selection, algorithm) one row with a
 column per held-out domain and ``avg``, each ``mean ± std`` over seeds
-(:func:`fedjax_inv.outputs.mean_std`: the sample std, ddof 1); ``avg`` is the mean over
+(:func:`fedjax_inv.runner.outputs.mean_std`: the sample std, ddof 1); ``avg`` is the mean over
 held-out domains computed per seed, then mean ± std over seeds. Accuracies are fractions
 in [0, 1] in the result dict and CSV, and percentages in the markdown table.
 """
@@ -37,7 +37,7 @@ from typing import Sequence
 
 import numpy as np
 
-from fedjax_inv import outputs
+from fedjax_inv.runner import outputs
 
 __all__ = ["SELECTIONS", "format_lodo_markdown", "lodo_csv", "lodo_table", "result_from_runs",
            "select_rounds"]

@@ -1,7 +1,7 @@
 """What a run reports beyond the pooled per-round metrics: model selection, last-k
 averages, ranking and fairness metrics — one opt-in/opt-out :class:`Reporting` spec.
 
-``fedjax_inv.simulation.run(task, alg, rounds=..., reporting=...)`` takes:
+``fedjax_inv.runner.simulation.run(task, alg, rounds=..., reporting=...)`` takes:
 
 * ``reporting='auto'`` (default) — :func:`for_task`: the protocol of the paper the task
   comes from (FedILC tasks: report at the round of lowest OOD loss, AUROC/AUPRC and
@@ -28,7 +28,7 @@ What comes back (``RunResult`` and ``summary.json``):
   ``<group>_accuracy_entropy`` across the pooled accuracies of the sets of each
   ``fairness_groups`` entry (FedILC Table 3 over Rotated-CIFAR10's 9 sub-environments).
 
-Table columns (``fedjax_inv.outputs``): ``'ood_accuracy'`` is the last round,
+Table columns (``fedjax_inv.runner.outputs``): ``'ood_accuracy'`` is the last round,
 ``'ood_accuracy@min:ood_loss'`` the selected round, ``'ood_accuracy@last20'`` the
 last-20 mean (see :func:`column_value`).
 """

@@ -20,7 +20,7 @@ to follow).
 * ``not run`` — no numbers of ours; the claim says why.
 
 The effect is ``method − baseline``, oriented so that positive is better (``higher=False``
-for losses and errors). ± over seeds is :func:`fedjax_inv.outputs.mean_std`'s (sample std,
+for losses and errors). ± over seeds is :func:`fedjax_inv.runner.outputs.mean_std`'s (sample std,
 ddof 1, finite values only). Used by every results table of ``experiments/`` and by the
 top-level reproductions table, so the two cannot disagree.
 """
@@ -29,7 +29,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional, Sequence
 
-from fedjax_inv import outputs
+from fedjax_inv.runner import outputs
 
 VERDICTS = ("reproduced", "direction", "not reproduced", "not run")
 

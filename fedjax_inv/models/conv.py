@@ -13,7 +13,7 @@ inputs stayed in layout ``f01b_i01o->01bf`` and ran ~50× slower (measured on th
 CI machine, JAX 0.10.2: 8 SGD steps 13.6 s in a ``fori_loop`` vs 0.26 s unrolled; with this
 VJP 0.27 s in both; ``benchmarks/RESULTS.md``). On GPU/TPU the two forms cost the same.
 
-On CPU, when XLA runs convolutions on Eigen (``fedjax_inv.xla_cpu`` turns YNNPACK's
+On CPU, when XLA runs convolutions on Eigen (``fedjax_inv.core.xla_cpu`` turns YNNPACK's
 convolutions off on CPUs without AVX-512), a forward convolution with few input channels
 and stride 1 (an image model's first layer) runs as im2col + one matmul instead
 (``IM2COL_MAX_IN``); its result equals the convolution's up to float32 summation order.
@@ -36,7 +36,7 @@ def _dilate(shape, dilation):
 
 
 # When XLA:CPU runs convolutions on Eigen (YNNPACK's convolutions off, as
-# ``fedjax_inv.xla_cpu`` sets on CPUs without AVX-512), a forward convolution with at most
+# ``fedjax_inv.core.xla_cpu`` sets on CPUs without AVX-512), a forward convolution with at most
 # this many input channels runs as one matmul over its patches ("im2col"): the first layer
 # of an image model (1 or 3 channels) gives Eigen's kernel too little work per output.
 # Measured (2-core AMD EPYC, JAX 0.10.2, [32, 28, 28, 1] * [3, 3, 1, 32]): 1.02 ms on
@@ -50,7 +50,7 @@ def eigen_convolutions(xla_flags: str | None = None) -> bool:
   """Whether ``XLA_FLAGS`` (default: the environment's) turns YNNPACK's standalone
   convolutions off (``--xla_cpu_experimental_ynn_fusion_type`` without
   ``individual_convolution``, or with ``-individual_convolution``)."""
-  from fedjax_inv.xla_cpu import flag_value
+  from fedjax_inv.core.xla_cpu import flag_value
   value = flag_value("xla_cpu_experimental_ynn_fusion_type", xla_flags)
   if value is None:
     return False

@@ -63,12 +63,12 @@ MODULES = {
         "tests/test_engine_reference.py", "tests/test_client_opt_state.py",
         # the gradient-estimator hook (FedILC's intra-silo geometric mean): engine vs loop
         "tests/test_fedilc.py::test_fedsgd_type_equals_python_loop[fishr_intra_geo-scan]"]),
-    "aggregators": ("fedjax_inv/aggregators.py", "*", [
+    "aggregators": ("fedjax_inv/aggregation/aggregators.py", "*", [
         "tests/test_aggregators.py", "tests/test_properties.py"] + [MASKED + t for t in (
             "test_geometric_mean_aggregator", "test_gma_and_mask_aggregators",
             "test_masking_aggregator_carry_mask", "test_outer_product_geo_stats",
             "test_summed_geo_stats", "test_sign_agreement")] + ["tests/test_fedgma.py"]),
-    "penalties": ("fedjax_inv/penalties.py", "*", [
+    "penalties": ("fedjax_inv/algorithms/penalties.py", "*", [
         "tests/test_penalties.py"] + [MASKED + t for t in (
             "test_cross_entropy_binary", "test_cross_entropy_multiclass", "test_mse",
             "test_irm_v1_binary", "test_irm_v1_multiclass", "test_irm_v1_mse",
@@ -78,8 +78,8 @@ MODULES = {
     # DP-FedAvg's math: clipping, the noise stage, adaptive clipping, the wiring and the
     # accounting. Left out: DPSettings.check (the CLI flags' validation), record /
     # not_covered / resolve (summary.json's fields and glue), is_number / quiet_epsilon.
-    "privacy": ("fedjax_inv/privacy.py", "clipped_mean,dp_component,apply,_adaptive,dp_event,"
-                "_accountant,epsilon,solve_noise", [PRIVACY + t for t in (
+    "privacy": ("fedjax_inv/privacy/client_dp.py", "clipped_mean,dp_component,apply,_adaptive,"
+                "dp_event,_accountant,epsilon,solve_noise", [PRIVACY + t for t in (
                     "test_clipped_mean_finalize_and_the_adaptive_lift",
                     "test_dp_noise_stage_adds_sigma_clip_over_e_from_the_round_key",
                     "test_adaptive_dp_component_message_sum_and_clip_update",
@@ -98,8 +98,8 @@ MODULES = {
                     "test_noise_std_is_sigma_clip_over_the_expected_cohort")]),
     # DP-SGD's clipping and noise, the estimator, the wiring and the per-example
     # accounting; DPSGDSettings.check (the CLI flags' validation) left out.
-    "dp_sgd": ("fedjax_inv/dp_sgd.py", "clip_and_noise,dp_sgd_component,apply,client_epsilon,"
-               "record", [DP_SGD + t for t in (
+    "dp_sgd": ("fedjax_inv/privacy/dp_sgd.py", "clip_and_noise,dp_sgd_component,apply,"
+               "client_epsilon,record", [DP_SGD + t for t in (
                    "test_clip_and_noise_draws_the_documented_noise",
                    "test_estimator_clips_each_example_of_the_step",
                    "test_apply_wires_the_component_and_names_what_it_refuses",
@@ -114,7 +114,7 @@ MODULES = {
                    "test_clipped_steps_equal_the_python_loop[scan]")]),
     # The robust aggregators, bucketing, Krum's cohort check and FedNova. Left out: parse
     # (the --aggregator spec's parsing) and configure (CLI glue: hparams and checks).
-    "robust": ("fedjax_inv/robust.py", "_gathered,_sorted_present,median,trimmed_mean,"
+    "robust": ("fedjax_inv/aggregation/robust.py", "_gathered,_sorted_present,median,trimmed_mean,"
                "krum_scores,krum,geometric_median,centered_clip,bucketing,check_cohort,fednova",
                [ROBUST + t for t in (
                    "test_robust_aggregators_are_named_and_gathered",

@@ -4,7 +4,7 @@ per-client states and PRNG keys; the client data is shared (broadcast, not copie
 
 A research table is seeds × settings; on an accelerator S small runs batched keep the
 device busy where each alone is bound by dispatch and synchronization. Results equal S
-sequential :func:`fedjax_inv.simulation.run` calls (``tests/test_replicas.py``);
+sequential :func:`fedjax_inv.runner.simulation.run` calls (``tests/test_replicas.py``);
 ``fedjax-inv bench --replicas`` measures batched vs sequential on the machine at hand.
 
 What is shared and what is per replica:
@@ -16,7 +16,7 @@ What is shared and what is per replica:
   (``client_lr``, ``server_lr`` and the components' ``traced`` coefficients such as
   FedProx's ``mu``, Fishr's ``fishr_lambda``, FedIIR's ``gamma``), carried as float32
   scalars in the server state (``extras[HPARAMS]``) like ``optax.inject_hyperparams``
-  carries them in the optimizer state; ``fedjax_inv/sweep.py`` builds such sweeps;
+  carries them in the optimizer state; ``fedjax_inv/runner/sweep.py`` builds such sweeps;
 * shared: task, the algorithm's structure and its other hyperparameters (Python
   constants), cohort size, schedule.
 
@@ -27,7 +27,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from fedjax_inv import simulation
+from fedjax_inv.runner import simulation
 from fedjax_inv.core.aggregator import traced_names
 from fedjax_inv.core.algorithm import HPARAMS
 from fedjax_inv.core.engine import init_state
@@ -76,11 +76,11 @@ def run_replicas(task, algorithm, *, seeds, rounds: int,
 
   Args:
     task, algorithm, rounds, clients_per_round, execution, chunk_size, eval_every,
-      shard, reporting, rounds_per_call: as :func:`fedjax_inv.simulation.run`
+      shard, reporting, rounds_per_call: as :func:`fedjax_inv.runner.simulation.run`
       (shared by every replica).
     seeds: the replicas' seeds (S >= 1 distinct integers); replica ``i`` equals
       ``simulation.run(..., seed=seeds[i])``.
-    progress: the batch's progress on stderr, as :func:`fedjax_inv.simulation.run`'s
+    progress: the batch's progress on stderr, as :func:`fedjax_inv.runner.simulation.run`'s
       (one bar in a terminal, else plain lines with the metrics averaged over the
       replicas).
     label: the batch's name on progress lines (default ``'<algorithm> seeds 0,1,...'``,
@@ -93,13 +93,13 @@ def run_replicas(task, algorithm, *, seeds, rounds: int,
       hyperparameters (a sweep point; names from ``core.algorithm.ENGINE_TRACED`` and
       the components' ``traced``; every dict has the same names). ``algorithm`` must
       then be built with ``client_lr`` / ``server_lr`` = 1 where those are traced
-      (``fedjax_inv.sweep.plan(...).structure``). Seeds may repeat across
+      (``fedjax_inv.runner.sweep.plan(...).structure``). Seeds may repeat across
       different points.
     tasks: optional list of S tasks; replica ``i`` trains and is evaluated on
       ``tasks[i]`` (e.g. the held-out domains of a leave-one-domain-out sweep); their
       data must have equal shapes (checked, :func:`check_same_shapes`; ``task`` is then
       ignored and may be None). Seeds may repeat across tasks.
-    checkpoint_dir, checkpoint_every: as :func:`fedjax_inv.simulation.run`, for the whole
+    checkpoint_dir, checkpoint_every: as :func:`fedjax_inv.runner.simulation.run`, for the whole
       batch (one checkpoint holds every replica; resuming needs the same replicas).
 
   Returns:
@@ -113,7 +113,7 @@ def run_replicas(task, algorithm, *, seeds, rounds: int,
       length than ``seeds``, names that differ between replicas or that nothing reads,
       and everything :func:`simulation.run` refuses — before compiling.
   """
-  from fedjax_inv import progress as progress_lib
+  from fedjax_inv.runner import progress as progress_lib
   started = progress_lib.clock()
   seeds = [int(s) for s in seeds]
   # a batch of replicas trains on the device pool (a packed pool is padded there)
@@ -177,7 +177,7 @@ def _check_hparams(algorithm, seeds, hparams) -> None:
   if unread:
     raise ValueError(f"hparams {unread}: {algorithm.name} does not read them as traced "
                      f"values (traceable: {sorted(readable)}); run those points one after "
-                     "another (fedjax_inv.sweep does).")
+                     "another (fedjax_inv.runner.sweep does).")
 
 
 def _shapes(task) -> tuple:

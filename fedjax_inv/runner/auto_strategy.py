@@ -45,7 +45,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-from fedjax_inv import outputs
+from fedjax_inv.runner import outputs
 
 MEASURE_MIN_ROUNDS = 50
 PROBE_ROUNDS = 2  # timed rounds per candidate and repeat

@@ -12,7 +12,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_inv import auto_strategy, checkpoint, privacy
+from fedjax_inv.runner import auto_strategy, checkpoint
+from fedjax_inv.privacy import client_dp as privacy
 from fedjax_inv.core import multihost
 from fedjax_inv.core.data import padding_overhead
 from fedjax_inv.core.engine import build_round, client_mesh, init_state
@@ -45,15 +46,15 @@ class RunResult:
     reporting: the resolved ``Reporting`` as a dict.
     probe: with ``execution`` 'auto' / 'probe' / 'rule', how the strategy was chosen
       (``{'chosen', 'by': 'cache' | 'measured' | 'rule', 'seconds_per_round', ...}``,
-      :func:`fedjax_inv.auto_strategy.choose`); None for an explicit strategy.
-    privacy: with client-level DP (``fedjax_inv.privacy.apply``): ``epsilon`` at
+      :func:`fedjax_inv.runner.auto_strategy.choose`); None for an explicit strategy.
+    privacy: with client-level DP (``fedjax_inv.privacy.client_dp.apply``): ``epsilon`` at
       ``delta`` after the run, the accountant, noise multiplier, clip, sampling, rounds
-      and what is not covered (:func:`fedjax_inv.privacy.record`); else None.
+      and what is not covered (:func:`fedjax_inv.privacy.client_dp.record`); else None.
     padding: padded examples ÷ real examples of the pool (``pool``) and of the local
       training's computation (``compute``) under the strategy that ran
       (:func:`fedjax_inv.core.data.padding_overhead`).
     timing: wall seconds of the run's stages
-      (:meth:`fedjax_inv.progress.RunProgress.timing`): ``load_s`` (data loading; None
+      (:meth:`fedjax_inv.runner.progress.RunProgress.timing`): ``load_s`` (data loading; None
       when the task was built by the caller), ``compile_s`` (setup to the end of the
       first device call: compilation plus that call), ``first_round_at_s`` (start of
       the run to the end of its first round), ``round_s`` (median per round after the
@@ -269,9 +270,9 @@ def warn_short_schedule(algorithm, rounds: int) -> str | None:
 
 
 def _privacy_record(algorithm, task, num_clients: int, cohort: int, rounds: int):
-  """summary.json's ``privacy``: client-level DP (``fedjax_inv.privacy.record``) and,
-  under DP-SGD, ``sample_level`` (``fedjax_inv.dp_sgd.record``); None without either."""
-  from fedjax_inv import dp_sgd
+  """summary.json's ``privacy``: client-level DP (``fedjax_inv.privacy.client_dp.record``) and,
+  under DP-SGD, ``sample_level`` (``fedjax_inv.privacy.dp_sgd.record``); None without either."""
+  from fedjax_inv.privacy import dp_sgd
   rec = privacy.record(algorithm, num_clients, cohort, rounds)
   sample = dp_sgd.record(algorithm, task.train.n, rounds)
   if sample is None:
@@ -283,13 +284,13 @@ def prepare(task, algorithm, rounds, clients_per_round, execution, chunk_size,
             eval_every, shard, reporting, rounds_per_call, measure: bool = True,
             streamed: bool = False):
   """Checks a run's settings and builds its jitted pieces (shared by :func:`run` and
-  ``fedjax_inv.replicas.run_replicas``); every check happens before any compile.
+  ``fedjax_inv.runner.replicas.run_replicas``); every check happens before any compile.
 
   Returns:
     a namespace: ``rounds``, ``num_clients``, ``cohort``, ``rep`` (resolved reporting),
     ``schedule`` (set of evaluated rounds), ``model``, ``round_fn``, ``rounds_per_call``,
     ``evaluate``, ``predict_fn`` (or None), ``probe`` (how 'auto' / 'probe' / 'rule'
-    chose the strategy, :func:`fedjax_inv.auto_strategy.choose`; None for an explicit
+    chose the strategy, :func:`fedjax_inv.runner.auto_strategy.choose`; None for an explicit
     strategy). ``measure=False`` (a batch of replicas): 'auto' takes the fixed rule.
     ``streamed=True`` (a host pool, :func:`resolve_pool`): the round trains on cohorts
     gathered on the host (``engine.build_round(streamed=True)``), 'auto' takes the fixed
@@ -332,7 +333,7 @@ def prepare(task, algorithm, rounds, clients_per_round, execution, chunk_size,
   if execution in auto_strategy.MODES:
     # 'auto' by measurement with a cache, 'probe' (measure now) or 'rule' (the fixed
     # rule); every process of a multi-process run, and a batch of replicas, takes the
-    # fixed rule (one program for all; fedjax_inv/auto_strategy.py).
+    # fixed rule (one program for all; fedjax_inv/runner/auto_strategy.py).
     mode = (execution if measure and jax.process_count() == 1 and not streamed
             else "rule")
     server, cstates = (init_state(algorithm, model.init(0), num_clients)
@@ -378,7 +379,7 @@ def run(task, algorithm, *, rounds: int, clients_per_round: int | None = None,
     execution: 'auto' (default: the strategy measured fastest for this round shape on
       this device, from the cache, or measured now for a run of at least
       ``auto_strategy.MEASURE_MIN_ROUNDS`` rounds, else the fixed rule;
-      ``fedjax_inv/auto_strategy.py``) | 'rule' (the fixed rule, no measurement) |
+      ``fedjax_inv/runner/auto_strategy.py``) | 'rule' (the fixed rule, no measurement) |
       'probe' (measure now, refresh the cache) | 'vmap' | 'scan' | 'chunked'. How the
       strategy was chosen is in ``RunResult.probe``.
     eval_every: evaluate every this many rounds (default ``max(1, rounds // 20)``); the
@@ -387,13 +388,13 @@ def run(task, algorithm, *, rounds: int, clients_per_round: int | None = None,
     progress: a tqdm bar when stderr is a terminal; otherwise (logs, CI, ``nohup``,
       pipes, notebooks) one flushed line on stderr per evaluated round and at least one a
       minute, with round/total, s/round, ETA and the main metrics
-      (:class:`fedjax_inv.progress.RunProgress`); either way a first line with the data
+      (:class:`fedjax_inv.runner.progress.RunProgress`); either way a first line with the data
       loading and compile seconds. False: nothing.
     shard: True (default): shard the client axis over all devices when more than one is
       present and the cohort divides evenly; False: one device; an int N: the first N
       devices (:func:`device_mesh`; ``fedjax-inv run --devices N``).
     callback: called with each history entry.
-    loggers: experiment loggers (``fedjax_inv.loggers``: ``TensorBoardLogger``,
+    loggers: experiment loggers (``fedjax_inv.runner.loggers``: ``TensorBoardLogger``,
       ``WandbLogger``, ``CsvLogger``, or any object with ``log(run, config, entry)`` and
       ``close()``): each history entry is logged under ``run_name`` (default
       ``'<algorithm>-seed<seed>'``) with the algorithm's hyperparameters and the seed as
@@ -440,7 +441,7 @@ def run(task, algorithm, *, rounds: int, clients_per_round: int | None = None,
       carries the FIRST non-finite round (a device-side scalar updated every round)
       and the history so far.
   """
-  from fedjax_inv import progress as progress_lib
+  from fedjax_inv.runner import progress as progress_lib
   started = progress_lib.clock()
   check_checkpoint_every(checkpoint_every)
   task, pool_record = resolve_pool(task, pool)
@@ -466,7 +467,7 @@ def run(task, algorithm, *, rounds: int, clients_per_round: int | None = None,
   else:
     server, cstates = init_state(algorithm, p.model.init(seed), p.num_clients)
   if loggers:
-    from fedjax_inv.loggers import close_all
+    from fedjax_inv.runner.loggers import close_all
     name = run_name or f"{algorithm.name}-seed{seed}"
     config = {**algorithm.hparams, "seed": seed, "task": task.name}
     user_cb = callback
@@ -550,7 +551,7 @@ def pool_plan(task, pool: str = "auto") -> dict:
   'reason', 'packed_mb', 'padded_mb'}`` (the two layouts' sizes of the training pool;
   ``fedjax-inv run --dry-run`` prints them). Raises ValueError as
   :func:`resolve_pool`."""
-  from fedjax_inv.config import unknown_name
+  from fedjax_inv.runner.config import unknown_name
   from fedjax_inv.core import memory
   from fedjax_inv.core.packed import PackedPool
   if pool not in POOLS:
@@ -720,7 +721,7 @@ def train_loop(p, round_fn, data, server, cstates, keys, *, tasks, algorithm, ba
   fused calls), the divergence check, evaluation on the schedule, model selection,
   checkpoints and resume, the progress bar — for one run (``batched=False``,
   :func:`run`) or S runs batched on a leading replica axis (``batched=True``,
-  ``fedjax_inv.replicas.run_replicas``).
+  ``fedjax_inv.runner.replicas.run_replicas``).
 
   Args:
     p: :func:`prepare`'s namespace (rounds, schedule, reporting, evaluator, fused rounds).
@@ -734,11 +735,11 @@ def train_loop(p, round_fn, data, server, cstates, keys, *, tasks, algorithm, ba
     callback: ``callback(i, entry)`` after each evaluation of replica ``i`` (after that
       round's checkpoint).
     checkpoint_dir, checkpoint_every: save every ``checkpoint_every`` rounds and resume
-      from a checkpoint found in ``checkpoint_dir`` (``fedjax_inv.checkpoint``;
+      from a checkpoint found in ``checkpoint_dir`` (``fedjax_inv.runner.checkpoint``;
       bit-identical to an uninterrupted run); ``callback`` is replayed on the restored
       histories.
     progress, desc, label, load_seconds, started: the run's progress on stderr
-      (:class:`fedjax_inv.progress.RunProgress`: a bar in a terminal, else plain lines;
+      (:class:`fedjax_inv.runner.progress.RunProgress`: a bar in a terminal, else plain lines;
       ``label`` names the run on them, default ``desc``); ``load_seconds`` = its data
       loading, ``started`` = ``progress.clock()`` when its setup began (default: when
       the loop starts). The first device call is waited for, so that ``compile_s``
@@ -754,7 +755,7 @@ def train_loop(p, round_fn, data, server, cstates, keys, *, tasks, algorithm, ba
   reps = _Replicas(tasks, algorithm.name, batched)
   personal = algorithm.personal
   fused = build_fused_rounds(round_fn) if p.rounds_per_call > 1 else None
-  from fedjax_inv import progress as progress_lib
+  from fedjax_inv.runner import progress as progress_lib
   t0 = time.perf_counter()
   started = progress_lib.clock() if started is None else started
   bad, start = reps.zero_flags(), 1

@@ -290,7 +290,7 @@ def curves_figure(runs: list[dict], title: str = "",
     title: the plot's title.
     sets: the evaluation sets drawn (``train`` dashed, the others solid).
     num_classes: the task's number of classes K (2 for binary;
-      ``fedjax_inv.experiment.num_classes``): an accuracy plot gets a dotted chance line
+      ``fedjax_inv.runner.experiment.num_classes``): an accuracy plot gets a dotted chance line
       at 1/K; None (regression, or unknown): no chance line.
 
   Returns:

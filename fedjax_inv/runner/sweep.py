@@ -6,7 +6,7 @@ A research table is seeds × settings. ``fedjax-inv run --sweep client_lr=0.1,0.
 --sweep mu=0,0.01`` (or :func:`run_sweep`) runs every point of the grid (the cartesian
 product, in the order given) for every seed:
 
-* **batched** (one ``vmap``ped program, :func:`fedjax_inv.replicas.run_replicas`)
+* **batched** (one ``vmap``ped program, :func:`fedjax_inv.runner.replicas.run_replicas`)
   when every swept name is *traceable*: the engine's ``client_lr`` / ``server_lr``
   (``core.algorithm.ENGINE_TRACED``: the optimizers are built at lr = 1 and the engine
   multiplies their updates by the replica's rate — exact, since every client and server
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 # The grid's grammar and batching plan live in grid.py (the planner and executor read
 # them); re-exported here, where users look for them.
-from fedjax_inv.grid import (PLACEHOLDER, Plan, label, parse_sweep, plan,  # noqa: F401
+from fedjax_inv.runner.grid import (PLACEHOLDER, Plan, label, parse_sweep, plan,  # noqa: F401
                              points, replica_hparams, spec_for)
 from fedjax_inv.algorithms.schema import canonical
 
@@ -49,7 +49,7 @@ def run_sweep(task, algorithm: str, spec: dict, *, seeds, rounds: int,
     overrides: further fixed hyperparameters (the task's defaults are applied first).
     replicas: 'auto' (batched on GPU/TPU when the plan allows it, else one after
       another), 'batched' (batched when the plan allows it) or 'sequential'.
-    **run_kw: as :func:`fedjax_inv.simulation.run` (clients_per_round, execution,
+    **run_kw: as :func:`fedjax_inv.runner.simulation.run` (clients_per_round, execution,
       eval_every, progress, reporting, ...).
 
   Returns:
@@ -62,7 +62,7 @@ def run_sweep(task, algorithm: str, spec: dict, *, seeds, rounds: int,
   import io
   import sys
 
-  from fedjax_inv import executor, experiment
+  from fedjax_inv.runner import executor, experiment
   spec = {canonical(k): (list(v) if isinstance(v, (list, tuple)) else [v])
           for k, v in spec.items()}
   if replicas not in ("auto", "batched", "sequential"):

@@ -1,4 +1,4 @@
-"""Checkpoint I/O of the training loop (``fedjax_inv.simulation.train_loop``): orbax
+"""Checkpoint I/O of the training loop (``fedjax_inv.runner.simulation.train_loop``): orbax
 ``CheckpointManager`` steps holding a pytree of arrays and a JSON ``meta``.
 
 One module for the files; what goes into a checkpoint (server state, per-client states,

@@ -376,7 +376,7 @@ def epsilon(noise_multiplier: float, delta: float, accountant: str, sampling: st
 def quiet_epsilon(accountant, delta: float) -> float:
   """``accountant.get_epsilon(delta)`` with absl's warnings silenced: dp-accounting's RDP
   logs one per fractional order it cannot evaluate (and leaves out); the epsilon is over
-  the orders it could. Shared with ``fedjax_inv.dp_sgd``."""
+  the orders it could. Shared with ``fedjax_inv.privacy.dp_sgd``."""
   absl_log = logging.getLogger("absl")
   level = absl_log.level
   absl_log.setLevel(logging.ERROR)

@@ -33,7 +33,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from fedjax_inv import outputs
+from fedjax_inv.runner import outputs
 
 SELECTION = {"binary": ("val_mean_client_accuracy", "max"),
              "multiclass": ("val_mean_client_accuracy", "max"),
@@ -100,7 +100,7 @@ def _score(final: Optional[dict], kind: str) -> float:
   """Selection score (higher is better); -inf for a diverged run. A personalized method
   (Ditto) is scored on the models it deploys: ``personal_val_mean_client_accuracy``,
   each client's personal model on its own validation rows
-  (``fedjax_inv.simulation.personal_metrics``), where a global-model method is scored on
+  (``fedjax_inv.runner.simulation.personal_metrics``), where a global-model method is scored on
   ``val_mean_client_accuracy``, the global model on the same rows."""
   key, sense = SELECTION[kind]
   if final is None:
@@ -160,7 +160,7 @@ def _run_one(path: pathlib.Path, key: dict, task, algorithm: str, settings: dict
     if rec.get("key") == key:
       return rec
   from fedjax_inv.algorithms import make_algorithm
-  from fedjax_inv.simulation import DivergedError, run
+  from fedjax_inv.runner.simulation import DivergedError, run
   alg = make_algorithm(algorithm, **task.algorithm_settings(algorithm, settings))
   rec = {"key": key, "algorithm": label or algorithm, "registry_name": algorithm,
          "hparams": alg.hparams, "data": data_record(task)}
@@ -406,7 +406,7 @@ def load_row(out) -> dict:
 
 
 def mean_std(values) -> tuple:
-  """``(mean, std)`` over seeds: :func:`fedjax_inv.outputs.mean_std` (the project's one
+  """``(mean, std)`` over seeds: :func:`fedjax_inv.runner.outputs.mean_std` (the project's one
   convention: sample std, ddof 1, over the finite values)."""
   return outputs.mean_std(values)
 

@@ -1,5 +1,5 @@
-"""The executor of ``fedjax-inv run`` (and of :func:`fedjax_inv.lodo.run_lodo`): takes the
-planner's runs (``fedjax_inv.experiment.plan_experiment``: every (run label, seed,
+"""The executor of ``fedjax-inv run`` (and of :func:`fedjax_inv.runner.lodo.run_lodo`): takes the
+planner's runs (``fedjax_inv.runner.experiment.plan_experiment``: every (run label, seed,
 held-out domain)) and batches whatever shares one compiled program: seeds, traced sweep
 points and held-out domains of equal data shapes run as ONE ``replicas.run_replicas``
 program; the rest runs one ``simulation.run`` after another, the reason printed and kept.
@@ -20,7 +20,7 @@ import pathlib
 import re
 import shutil
 
-from fedjax_inv import outputs
+from fedjax_inv.runner import outputs
 
 
 def run_dir(out: pathlib.Path, key) -> pathlib.Path:
@@ -99,7 +99,7 @@ class Recorder:
     return {**b, **extra}
 
   def __call__(self, key, res, base, ckpt, info):
-    from fedjax_inv.simulation import DivergedError
+    from fedjax_inv.runner.simulation import DivergedError
     pl, stream = self.pl, self.stream
     a, s, h = key
     self.results[key], self.batched[key] = res, "replicas" in base
@@ -221,7 +221,7 @@ def _varies(pl) -> bool:
 def _same_shapes(pl, keys) -> str | None:
   """None when the tasks of ``keys`` have equal data shapes (one program can run them),
   else the reason they do not."""
-  from fedjax_inv.replicas import check_same_shapes
+  from fedjax_inv.runner.replicas import check_same_shapes
   try:
     check_same_shapes([task_for(pl, h, s) for _, s, h in keys])
   except ValueError as e:
@@ -266,7 +266,7 @@ def execute(pl, out, done, rec, progress, stream) -> None:
   goes to ``rec``; checkpoints (``--checkpoint-every``) per run or per batch, when
   ``out`` is a folder; ``metrics.jsonl`` gets each evaluation as it completes.
   """
-  from fedjax_inv import grid, simulation
+  from fedjax_inv.runner import grid, simulation
   cfg = pl.cfg
   common = dict(rounds=pl.rounds, clients_per_round=pl.cohort,
                 execution=cfg.get("execution") or "auto", chunk_size=cfg.get("chunk_size"),
@@ -293,7 +293,7 @@ def execute(pl, out, done, rec, progress, stream) -> None:
     return write
 
   def batch(algo, folder, structure, todo, hparams=None):
-    from fedjax_inv import replicas
+    from fedjax_inv.runner import replicas
     why = _same_shapes(pl, todo) if _varies(pl) else None
     if why is not None:  # e.g. per-seed data splits of other sizes
       print(f"  {folder}: running one after another ({why})", file=stream)

@@ -3,7 +3,7 @@
 compiled program (:func:`plan`, :class:`Plan`, :func:`replica_hparams`), read by the
 planner (``experiment.plan_experiment``) and the executor (``executor.execute``).
 
-Points run **batched** (one ``vmap``ped program, :func:`fedjax_inv.replicas.run_replicas`)
+Points run **batched** (one ``vmap``ped program, :func:`fedjax_inv.runner.replicas.run_replicas`)
 when every swept name is *traceable*: the engine's ``client_lr`` / ``server_lr``
 (``core.algorithm.ENGINE_TRACED``: the optimizers are built at lr = 1 and the engine
 multiplies their updates by the replica's rate — exact, since every client and server

@@ -249,7 +249,7 @@ def choices(key: str) -> tuple:
     from fedjax_inv.tasks import task_registry
     return tuple(sorted(task_registry()))
   if key == "aggregator":
-    from fedjax_inv import robust
+    from fedjax_inv.aggregation import robust
     from fedjax_inv.algorithms import base
     return tuple(sorted(base.AGGREGATORS)) + tuple(sorted(robust.ROBUST))
   if key in ("attack", "straggler_mode"):
@@ -295,7 +295,7 @@ def unknown_name(where: str, value, what: str, names) -> ValueError:
 
 def _aggregator_help() -> tuple:
   """``(base names, robust names)``, each sorted and comma-joined (``--aggregator``)."""
-  from fedjax_inv import robust
+  from fedjax_inv.aggregation import robust
   from fedjax_inv.algorithms import base
   return ", ".join(sorted(base.AGGREGATORS)), ", ".join(sorted(robust.ROBUST))
 
@@ -332,7 +332,7 @@ def help_text(key: str) -> str:
 
 def check_aggregator(spec, where: str = "--aggregator") -> None:
   """Checks an aggregator name (``mean``, ``krum``, ...) against the registered ones, and
-  a robust one's ``NAME:k=v`` arguments (``fedjax_inv.robust.parse``), before anything
+  a robust one's ``NAME:k=v`` arguments (``fedjax_inv.aggregation.robust.parse``), before anything
   is built.
 
   Args:
@@ -348,7 +348,7 @@ def check_aggregator(spec, where: str = "--aggregator") -> None:
   name = spec.partition(":")[0].strip()
   if name not in choices("aggregator"):
     raise unknown_name(where, spec, NOUNS["aggregator"], choices("aggregator"))
-  from fedjax_inv import robust
+  from fedjax_inv.aggregation import robust
   if name in robust.ROBUST:
     robust.parse(spec)
   elif ":" in spec:
@@ -429,7 +429,7 @@ def _check_privacy(cfg: dict) -> None:
 
 
 def dp_sgd_settings(cfg: dict):
-  """The run's sample-level DP-SGD settings (``fedjax_inv.dp_sgd.DPSGDSettings``,
+  """The run's sample-level DP-SGD settings (``fedjax_inv.privacy.dp_sgd.DPSGDSettings``,
   unchecked), or None when no ``dp_sgd_*`` key is given.
 
   Raises:
@@ -443,7 +443,7 @@ def dp_sgd_settings(cfg: dict):
     raise ValueError(f"{', '.join(flag(k) for k in given)}: DP-SGD needs both "
                      "--dp-sgd-clip C and --dp-sgd-noise-multiplier SIGMA (e.g. 1.0 and "
                      "1.1).")
-  from fedjax_inv.dp_sgd import DPSGDSettings
+  from fedjax_inv.privacy.dp_sgd import DPSGDSettings
   return DPSGDSettings(clip=float(cfg["dp_sgd_clip"]),
                        noise_multiplier=float(cfg["dp_sgd_noise_multiplier"]),
                        delta=1e-5 if cfg.get("dp_sgd_delta") is None
@@ -451,7 +451,7 @@ def dp_sgd_settings(cfg: dict):
 
 
 def dp_settings(cfg: dict):
-  """The run's client-level DP settings (``fedjax_inv.privacy.DPSettings``, unchecked),
+  """The run's client-level DP settings (``fedjax_inv.privacy.client_dp.DPSettings``, unchecked),
   or None when no ``dp_*`` key is given.
 
   Raises:
@@ -462,7 +462,7 @@ def dp_settings(cfg: dict):
   if cfg.get("dp_clip") is None:
     raise ValueError(f"{', '.join(flag(k) for k in given)} without --dp-clip: client-level "
                      "DP needs the clipping norm C (e.g. --dp-clip 1.0).")
-  from fedjax_inv.privacy import DPSettings
+  from fedjax_inv.privacy.client_dp import DPSettings
   return DPSettings(clip=float(cfg["dp_clip"]),
                     noise_multiplier=cfg.get("dp_noise_multiplier"),
                     delta=1e-5 if cfg.get("dp_delta") is None else float(cfg["dp_delta"]),
@@ -529,7 +529,7 @@ def check_run_config(cfg: dict) -> dict:
     elif kind == "devices":
       v = check_devices(v, f)
     elif kind == "loggers":
-      from fedjax_inv.loggers import check_loggers
+      from fedjax_inv.runner.loggers import check_loggers
       v = check_loggers(v, f)
     elif typ is bool:
       if not isinstance(v, bool):
@@ -538,7 +538,7 @@ def check_run_config(cfg: dict) -> dict:
       if isinstance(v, str):
         v = [v]
       if key == "sweep":
-        from fedjax_inv.grid import parse_sweep
+        from fedjax_inv.runner.grid import parse_sweep
         if isinstance(v, dict):  # config file: {name: [values]}
           v = [f"{k}=" + ",".join(json.dumps(x) if not isinstance(x, str) else x
                                   for x in (vs if isinstance(vs, list) else [vs]))
@@ -599,7 +599,7 @@ def _parse_value(s: str):
 def robustness_settings(cfg: dict) -> dict:
   """``{'attack': Attack | None, 'participation': Participation | None, 'bucket': int |
   None}`` from ``--attack*``, ``--availability``, ``--dropout``, ``--stragglers``,
-  ``--straggler-mode`` and ``--bucketing`` (checked by ``fedjax_inv.robust.configure``).
+  ``--straggler-mode`` and ``--bucketing`` (checked by ``fedjax_inv.aggregation.robust.configure``).
   Raises ValueError for an attack setting without ``--attack``."""
   from fedjax_inv.core.adversary import Attack, Participation
   attack = None

@@ -17,7 +17,7 @@ Layout of the output directory (nothing is lost when a run dies):
   metrics.jsonl     one line per evaluated round (with ``algorithm``, ``seed`` and, with
                     ``--holdout``, ``holdout``), appended as each evaluation completes
   --holdout:        summary.json / results.md / results.csv hold the leave-one-domain-out
-                    tables (``fedjax_inv.lodo.result_from_runs``: a column per held-out
+                    tables (``fedjax_inv.runner.lodo.result_from_runs``: a column per held-out
                     domain, a table per selection method); no curves.png
   results.md/.csv   mean ± std over seeds per algorithm: last round, and (when the run's
                     reporting asks) at each selected round (``<metric>@<rule>``) and the
@@ -34,7 +34,8 @@ import time
 
 import jax
 
-from fedjax_inv import outputs, xla_cpu
+from fedjax_inv.runner import outputs
+from fedjax_inv.core import xla_cpu
 
 
 def _final_metrics(task) -> list[str]:
@@ -197,8 +198,8 @@ def run_experiment(cfg: dict, progress: bool = True, overrides=None,
   """Runs every (algorithm, seed[, held-out domain]) of ``cfg`` and writes the results
   directory.
 
-  ``cfg`` keys: see ``fedjax_inv.config.RUN_KEYS`` (checked by
-  ``fedjax_inv.config.check_run_config``); also ``reporting`` ('auto' | 'none'), ``select``
+  ``cfg`` keys: see ``fedjax_inv.runner.config.RUN_KEYS`` (checked by
+  ``fedjax_inv.runner.config.check_run_config``); also ``reporting`` ('auto' | 'none'), ``select``
   and ``last_k`` (:func:`run_reporting`), ``overwrite``, ``checkpoint_every`` (save the
   current run's state every N rounds in ``<algorithm>/seed<s>/checkpoint/``, or a
   batch's in ``<algorithm>/batch-<hash>/checkpoint/``) and ``resume`` (a folder of an
@@ -215,7 +216,7 @@ def run_experiment(cfg: dict, progress: bool = True, overrides=None,
 
   Three steps: :func:`plan_experiment` (every check, the runs; nothing written or
   compiled), :func:`open_output` (the folder, ``config.json``, the finished runs of a
-  resumed attempt), ``fedjax_inv.executor.execute`` (each group of runs batched as one
+  resumed attempt), ``fedjax_inv.runner.executor.execute`` (each group of runs batched as one
   program or one after another, with the reason), then the summary files. Outputs are streamed:
   ``metrics.jsonl`` gets a line per evaluation, ``<algorithm>/seed<s>/summary.json`` is
   written when a run ends, the aggregate files when all end (or on Ctrl-C). A run whose
@@ -231,14 +232,14 @@ def run_experiment(cfg: dict, progress: bool = True, overrides=None,
       (``summary['status'] == 'interrupted'``).
   """
   stream = stream or sys.stdout
-  from fedjax_inv import executor
+  from fedjax_inv.runner import executor
   pl = plan_experiment(cfg, overrides)
   if cfg.get("dry_run"):
     return dry_run(pl, stream)
   if not write:
     return _follow(pl, progress, stream)
   out, done = open_output(pl, stream)
-  from fedjax_inv import loggers
+  from fedjax_inv.runner import loggers
   pl.loggers = loggers.make_loggers(cfg.get("log") or [], out)
   rec = executor.Recorder(pl, out, stream)
   t0 = time.perf_counter()
@@ -261,7 +262,7 @@ def run_experiment(cfg: dict, progress: bool = True, overrides=None,
 def task_line(pl) -> str:
   """The line describing the run's task: clients, sizes, evaluation sets, data, where
   its training pool lives (``simulation.pool_plan``) and the held-out domains."""
-  from fedjax_inv import simulation
+  from fedjax_inv.runner import simulation
   task = pl.task
   sizes = [int(v) for v in task.train.n]
   sizes_txt = (f"sizes {sizes}" if len(sizes) <= 20 else
@@ -279,7 +280,7 @@ def dry_run(pl, stream) -> dict:
   """``fedjax-inv run --dry-run``: the plan, checked and printed (the task line with
   both pool layouts' memory, and the runs); nothing trained, compiled or written.
   Returns ``{'status': 'dry-run', 'runs': N, 'pool': pool_plan(...)}``."""
-  from fedjax_inv import simulation
+  from fedjax_inv.runner import simulation
   runs = sum(len(pl.labels[a]) for a in pl.algos) * len(pl.seeds) * len(pl.holdouts)
   print(task_line(pl), file=stream)
   print(f"{runs} run(s): {', '.join(pl.algos)} x {len(pl.seeds)} seed(s), "
@@ -297,7 +298,7 @@ def _follow(pl, progress, stream) -> dict:
     ValueError: the processes see different finished runs in ``pl.out`` (not one shared
       folder).
   """
-  from fedjax_inv import executor
+  from fedjax_inv.runner import executor
   done = _finished(pl, pl.out)
   pl.loggers, pl.checkpoint_root = [], pl.out
   rec = executor.Recorder(pl, None, stream)
@@ -314,7 +315,7 @@ def _finished(pl, folder) -> dict:
   Raises:
     ValueError: the processes found different numbers (``folder`` is not shared).
   """
-  from fedjax_inv import executor
+  from fedjax_inv.runner import executor
   from fedjax_inv.core import multihost
   done = executor.load_finished(folder, [(a, s, h) for a in pl.names for h in pl.holdouts
                                          for s in pl.seeds]) if pl.resume else {}
@@ -326,7 +327,7 @@ def _finished(pl, folder) -> dict:
 def _sweep_points(cfg: dict, algos, per_algo: dict):
   """``(specs, points, search_info)`` of ``--sweep`` / ``--search`` per algorithm (one
   point ``{}`` without either), every point checked (:func:`check_hparams`)."""
-  from fedjax_inv import grid
+  from fedjax_inv.runner import grid
   parsed = grid.parse_sweep(cfg.get("sweep"))
   for scope in parsed:
     if scope is not None and scope not in algos:
@@ -357,15 +358,17 @@ def _sweep_points(cfg: dict, algos, per_algo: dict):
 
 def run_transform(cfg: dict, task, cohort: int, rounds: int):
   """``Algorithm -> Algorithm`` for the run-level settings that change every algorithm of
-  the run the same way: client-level DP (``--dp-*``: ``fedjax_inv.privacy.apply``, with
+  the run the same way: client-level DP (``--dp-*``: ``fedjax_inv.privacy.client_dp.apply``, with
   sigma solved from ``--dp-target-epsilon``), sample-level DP-SGD (``--dp-sgd-*``:
-  ``fedjax_inv.dp_sgd.apply``), ``--client-sampling``, and attacks,
+  ``fedjax_inv.privacy.dp_sgd.apply``), ``--client-sampling``, and attacks,
   participation and bucketing (``--attack``, ``--dropout``, ...:
-  ``fedjax_inv.robust.configure``).
+  ``fedjax_inv.aggregation.robust.configure``).
 
   Raises:
     ValueError: an unreachable ``--dp-target-epsilon`` (before any compile)."""
-  from fedjax_inv import config, dp_sgd, privacy, robust
+  from fedjax_inv.runner import config
+  from fedjax_inv.privacy import dp_sgd, client_dp as privacy
+  from fedjax_inv.aggregation import robust
   dp = config.dp_settings(cfg)
   sgd = config.dp_sgd_settings(cfg)
   n = task.train.num_clients
@@ -401,7 +404,7 @@ def _build_algorithms(algos, per_algo: dict, pts: dict, task, transform=lambda a
   """``(plans, labels, built)``: per algorithm its ``sweep.Plan`` and run labels (the
   algorithm, or 'algorithm@name=value,...'), and every label's ``Algorithm``
   (``transform``, :func:`run_transform`, applied to each)."""
-  from fedjax_inv import grid
+  from fedjax_inv.runner import grid
   from fedjax_inv.algorithms import make_algorithm
   plans, labels, built = {}, {}, {}
   for a in algos:
@@ -421,7 +424,7 @@ def _build_algorithms(algos, per_algo: dict, pts: dict, task, transform=lambda a
 
 def plan_experiment(cfg: dict, overrides=None, *, task_kwargs=None, seeds=None,
                     resplit: bool = False, holdouts=None, task=None, reporting="auto"):
-  """The planner of :func:`run_experiment` (and of ``fedjax_inv.lodo.run_lodo``): checks
+  """The planner of :func:`run_experiment` (and of ``fedjax_inv.runner.lodo.run_lodo``): checks
   everything (config, names, sizes, hyperparameters, sweep / search points, held-out
   domains, reporting) and builds the task and every run's ``Algorithm``, before any
   compile and before anything is written. The runs are every (label, seed, holdout):
@@ -429,7 +432,7 @@ def plan_experiment(cfg: dict, overrides=None, *, task_kwargs=None, seeds=None,
   domain (``[None]`` without one).
 
   Args:
-    cfg: the run config (``fedjax_inv.config.RUN_KEYS``).
+    cfg: the run config (``fedjax_inv.runner.config.RUN_KEYS``).
     overrides: algorithm hyperparameters (``NAME`` or ``ALGORITHM.NAME`` keys).
     task_kwargs: extra task-builder arguments (``n_per_domain``, ``image_size``, ...;
       ``seed`` = the data split seed, default ``cfg['seed']``); not ``holdout``.
@@ -459,7 +462,7 @@ def plan_experiment(cfg: dict, overrides=None, *, task_kwargs=None, seeds=None,
     ValueError: anything :func:`run_experiment` refuses.
   """
   import types
-  from fedjax_inv import config
+  from fedjax_inv.runner import config
   from fedjax_inv.core.engine import resolve_strategy
   from fedjax_inv.eval import reporting as rlib
   cfg = config.check_run_config(cfg)
@@ -502,7 +505,7 @@ def plan_experiment(cfg: dict, overrides=None, *, task_kwargs=None, seeds=None,
   rounds = int(given("rounds", task.defaults.get("rounds", 100)))
   eval_every = given("eval_every", task.defaults.get("eval_every"))
   cohort = _cohort(cfg, task, domains)
-  from fedjax_inv import executor, simulation
+  from fedjax_inv.runner import executor, simulation
   if jax.process_count() > 1:
     _check_multiprocess(cfg)
   mesh = simulation.device_mesh(executor.shard_of(cfg), cohort)  # checked before compiling
@@ -561,7 +564,7 @@ def _check_host_checkpoints(cfg: dict, task, built: dict) -> None:
   """ValueError (before anything is written) for ``--checkpoint-every`` on a host pool
   (``simulation.pool_plan``) with an algorithm that keeps per-client state, which a
   host pool does not checkpoint yet."""
-  from fedjax_inv import simulation
+  from fedjax_inv.runner import simulation
   if not cfg.get("checkpoint_every"):
     return
   if simulation.pool_plan(task, cfg.get("pool") or "auto")["residency"] != "host":
@@ -657,7 +660,7 @@ def open_output(pl, stream):
     out.mkdir(parents=True, exist_ok=True)
   (out / outputs.MARKER).write_text("written by fedjax-inv\n")
   outputs.write_json(out / "config.json", pl.resolved)
-  from fedjax_inv import executor
+  from fedjax_inv.runner import executor
   done = _finished(pl, out)
   outputs.write_jsonl(out / "metrics.jsonl", [
       executor.metrics_row(k, e) for k, r in done.items() for e in r["history"]])
@@ -727,7 +730,7 @@ def _stamp(summary: dict, pl, rec) -> None:
 
 
 def _write_lodo_summary(pl, out, rec, stream) -> dict:
-  """Leave-one-domain-out outputs: ``summary.json`` = ``fedjax_inv.lodo.result_from_runs``
+  """Leave-one-domain-out outputs: ``summary.json`` = ``fedjax_inv.runner.lodo.result_from_runs``
   without the histories (per-domain cells, selections, seeds, task info) plus the common
   keys (:func:`_stamp`, ``holdouts_run``: how the domains ran); ``results.md`` /
   ``results.csv`` = the paper-style tables (one per selection method)."""

@@ -12,7 +12,7 @@ a ``jax.vmap`` over the step's examples, the client axis around it as usual):
 then the client's optimizer step on ``g̃``. This protects each *example* of a client
 against everything the client sends (its update), the "local DP" of Flower's
 ``LocalDpMod`` family and Opacus' DP-SGD; it composes with client-level DP-FedAvg
-(``fedjax_inv.privacy``), which protects whole clients at the server.
+(``fedjax_inv.privacy.client_dp``), which protects whole clients at the server.
 
 Batches. An example must enter a step at most once, or its gradient counts twice
 (sensitivity 2C). The engine's default minibatches are drawn with replacement, so DP-SGD
@@ -62,7 +62,7 @@ class DPSGDSettings:
 
   def check(self) -> "DPSGDSettings":
     """Raises ValueError naming the bad value (as the CLI flag) and the fix."""
-    from fedjax_inv.privacy import is_number as number
+    from fedjax_inv.privacy.client_dp import is_number as number
     if not number(self.clip) or self.clip <= 0:
       raise ValueError(f"--dp-sgd-clip {self.clip!r}: the per-example clipping norm C must "
                        "be > 0 (e.g. 1.0).")
@@ -184,7 +184,7 @@ def client_epsilon(noise_multiplier: float, delta: float, n: int, batch_size, st
   add-or-remove-one (``math.inf`` for ``σ = 0``)."""
   if noise_multiplier == 0:
     return math.inf
-  from fedjax_inv.privacy import _accountant, _dpa, quiet_epsilon
+  from fedjax_inv.privacy.client_dp import _accountant, _dpa, quiet_epsilon
   dpa = _dpa()
   q = 1.0 if batch_size is None else min(1.0, batch_size / max(n, 1))
   gaussian = dpa.GaussianDpEvent(noise_multiplier)

@@ -16,10 +16,10 @@ import time
 
 import numpy as np
 
-from fedjax_inv import outputs
+from fedjax_inv.runner import outputs
 from fedjax_inv.eval.lodo import (SELECTIONS, VALIDATIONS, format_lodo_markdown, lodo_csv,
                                   lodo_table, result_from_runs, select_rounds)
-from fedjax_inv.experiment import resolve_holdouts
+from fedjax_inv.runner.experiment import resolve_holdouts
 
 __all__ = ["run_lodo", "result_from_runs", "resolve_holdouts", "write_lodo_outputs",
            "SELECTIONS", "format_lodo_markdown", "lodo_csv", "lodo_table", "select_rounds"]
@@ -90,7 +90,7 @@ def run_lodo(task_name: str, algorithms, *, seeds=(0,), rounds: int | None = Non
     RuntimeError: a run's train objective became non-finite (after every run ended;
       ``fedjax-inv run --holdout`` records such runs instead).
   """
-  from fedjax_inv import executor, experiment
+  from fedjax_inv.runner import executor, experiment
   stream = sys.stdout if stream is None else stream
   algorithms, seeds = _check_args(task_name, algorithms, seeds, rounds, eval_every,
                                   task_kwargs, execution, replicas, validation)
@@ -167,7 +167,7 @@ def write_lodo_outputs(out_dir, result: dict) -> pathlib.Path:
   """Writes ``results.md``, ``results.csv``, ``summary.json`` (everything in ``result``
   but the per-round histories: per-domain numbers, selection methods, seeds, task info)
   and ``metrics.jsonl`` (one line per evaluated round with ``holdout``, ``algorithm``,
-  ``seed``) into ``out_dir`` atomically (``fedjax_inv.outputs.atomic_dir``: a half-written
+  ``seed``) into ``out_dir`` atomically (``fedjax_inv.runner.outputs.atomic_dir``: a half-written
   folder never replaces an existing one). Returns ``out_dir`` as a ``pathlib.Path``."""
   import jax
 
