@@ -175,7 +175,7 @@ def lodo_csv(result: dict) -> str:
   return buf.getvalue()
 
 
-def result_from_runs(pl, runs) -> dict:
+def result_from_runs(pl, runs, batched: bool = False) -> dict:
   """The leave-one-domain-out result of a plan's finished runs (the executor's run
   dicts, ``lodo_selected`` among their keys): ``task``, ``domains``, ``holdouts``,
   ``algorithms`` (run labels), ``seeds``, ``rounds``, ``eval_every``,
@@ -183,7 +183,8 @@ def result_from_runs(pl, runs) -> dict:
   ``task_kwargs``, ``selections``, ``runs`` (``holdout``, ``algorithm``, ``seed``,
   ``selected`` = :func:`select_rounds`, ``final``, ``history``, ``hparams``,
   ``execution``, ``seconds``), ``task_info`` (holdout → ``Task.info``), ``table``
-  (:func:`lodo_table`). Diverged runs are left out (the executor records them)."""
+  (:func:`lodo_table`). Diverged runs are left out (the executor records them).
+  ``batched``: whether the executor ran any of them as one batched program."""
   ok = [r for r in runs if r.get("status", "ok") == "ok"]
   keep = ("holdout", "algorithm", "seed", "final", "history", "hparams", "execution",
           "seconds")
@@ -191,7 +192,7 @@ def result_from_runs(pl, runs) -> dict:
             "algorithms": list(pl.names), "seeds": list(pl.seeds), "rounds": pl.rounds,
             "eval_every": pl.eval_every, "clients_per_round": pl.cohort,
             "validation": pl.validation,
-            "replicas": "batched" if pl.ran_batched else "sequential",
+            "replicas": "batched" if batched else "sequential",
             "split_seed": None if pl.resplit else pl.split_seed,
             "resplit": bool(pl.resplit),
             "task_kwargs": dict(pl.task_kwargs),

@@ -18,6 +18,10 @@ import pathlib
 DEFAULT_RUN = dict(task="colored_mnist", algorithm="fedavg,inv_fedavg,fediir,fishr_inter_geo",
                    seeds=3)
 DEFAULT_ALGORITHM = "fedavg"
+# How runs that can share one compiled program run (--replicas, run_lodo, run_sweep): one
+# set of modes, one default.
+REPLICA_MODES = ("auto", "batched", "sequential")
+DEFAULT_REPLICAS = "auto"
 
 # config key -> (type, help); every help states the default. A {token} in a help
 # (``_HELP_LISTS``: {algorithms}, {tasks}, ...) is replaced by the names its registry
@@ -180,7 +184,7 @@ _CHECKS = {
     "client_optimizer": ("hparam", None),
     "execution": ("choice", None),  # None: read when checked (choices(key))
     "devices": ("devices", None), "log": ("loggers", None),
-    "replicas": ("choice", ("auto", "batched", "sequential")),
+    "replicas": ("choice", REPLICA_MODES),
     "pool": ("choice", ("auto", "device", "host")),
     "source": ("choice", ("auto", "raw", "tfds", "bundled", "synthetic", "hf")),
     "reporting": ("choice", ("auto", "none")),
@@ -470,6 +474,21 @@ def dp_settings(cfg: dict):
                     sampling=(cfg.get("client_sampling") or "fixed").lower(),
                     target_epsilon=cfg.get("dp_target_epsilon"),
                     adaptive_quantile=cfg.get("dp_adaptive_quantile"))
+
+
+def check_replicas(mode, name: str = "replicas") -> str:
+  """The batching choice of the Python front ends (``run_lodo``, ``run_sweep``), checked
+  the way ``--replicas`` is: None gives :data:`DEFAULT_REPLICAS`.
+
+  Raises:
+    ValueError: ``mode`` is not one of :data:`REPLICA_MODES` (names the value).
+  """
+  if mode is None:
+    return DEFAULT_REPLICAS
+  if mode not in REPLICA_MODES:
+    raise ValueError(f"{name}={mode!r}; choose one of {REPLICA_MODES} (default "
+                     f"{DEFAULT_REPLICAS!r}: batched on GPU/TPU, sequential on CPU).")
+  return mode
 
 
 def check_run_config(cfg: dict) -> dict:

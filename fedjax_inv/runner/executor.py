@@ -16,11 +16,49 @@ Source: DomainBed (Gulrajani & Lopez-Paz 2021) for the leave-one-domain-out prot
 """
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 import re
 import shutil
+from typing import NamedTuple, Optional
 
 from fedjax_inv.runner import outputs
+
+
+class RunKey(NamedTuple):
+  """One run of a plan: a run label (an algorithm, or a sweep point such as
+  ``'fedprox@mu=0.1'``), a training seed and a held-out domain (None without one). Equal to
+  the plain tuple ``(label, seed, holdout)``."""
+  label: str
+  seed: int
+  holdout: Optional[str]
+
+
+@dataclasses.dataclass
+class Execution:
+  """What executing a plan produced besides the runs themselves; the plan
+  (``experiment.Plan``) is never written.
+
+  Attributes:
+    tasks: the task of each ``(holdout, split seed)`` built so far (:func:`task_for`).
+    load_seconds: seconds each of those tasks took to build, until a run's timing
+      counted them (:func:`load_seconds`).
+    sweep_notes: per swept algorithm, how its points ran and why.
+    holdout_note: how the held-out domains ran (together or one at a time) and why.
+    ran_batched: whether any group of runs ran as one batched program.
+  """
+  tasks: dict
+  load_seconds: dict
+  sweep_notes: dict = dataclasses.field(default_factory=dict)
+  holdout_note: Optional[str] = None
+  ran_batched: bool = False
+
+  @classmethod
+  def start(cls, pl) -> "Execution":
+    """The state before the first run: the plan's first task in the cache."""
+    key = (pl.task.info.get("holdout") if pl.domains else None, pl.split_seed)
+    return cls(tasks={key: pl.task}, load_seconds=(
+        {} if pl.task_load_seconds is None else {key: pl.task_load_seconds}))
 
 
 def run_dir(out: pathlib.Path, key) -> pathlib.Path:
@@ -98,11 +136,11 @@ class Recorder:
       b.update(base_algorithm=algo, sweep=point)
     return {**b, **extra}
 
-  def __call__(self, key, res, base, ckpt, info):
+  def __call__(self, key, res, base, ckpt, info, batched: bool = False):
     from fedjax_inv.runner.simulation import DivergedError
     pl, stream = self.pl, self.stream
     a, s, h = key
-    self.results[key], self.batched[key] = res, "replicas" in base
+    self.results[key], self.batched[key] = res, bool(batched)
     if ckpt is not None:
       shutil.rmtree(ckpt, ignore_errors=True)  # ours; the run is over
     if isinstance(res, DivergedError):
@@ -173,10 +211,10 @@ def _print_run(key, res, lodo_selected, stream) -> None:
         for sel, v in lodo_selected.items()), file=stream)
 
 
-def task_for(pl, h, seed: int):
+def task_for(pl, ex: Execution, h, seed: int):
   """The task of a run with held-out domain ``h`` (``None``: the plan's task) and
   training seed ``seed`` (the data split is ``seed`` with ``pl.resplit``, else
-  ``pl.split_seed``), built once and cached in ``pl.tasks``.
+  ``pl.split_seed``), built once and cached in ``ex.tasks``.
 
   Raises:
     RuntimeError: a task builder that reports another held-out domain than asked for.
@@ -185,27 +223,26 @@ def task_for(pl, h, seed: int):
   from fedjax_inv.tasks import make_task
   split = seed if pl.resplit else pl.split_seed
   key = (h, split)
-  if key not in pl.tasks:
+  if key not in ex.tasks:
     kw = dict(pl.task_kwargs, seed=split)
     if h is not None:
       kw["holdout"] = h
     t0 = time.perf_counter()
-    pl.tasks[key] = make_task(pl.task.name, **kw)
-    if getattr(pl, "load_seconds", None) is not None:
-      pl.load_seconds[key] = time.perf_counter() - t0
-  task = pl.tasks[key]
+    ex.tasks[key] = make_task(pl.task.name, **kw)
+    ex.load_seconds[key] = time.perf_counter() - t0
+  task = ex.tasks[key]
   if h is not None and task.info.get("holdout") != h:
     raise RuntimeError(f"task {pl.task.name!r} built with holdout={h!r} reports holdout "
                        f"{task.info.get('holdout')!r}; its builder breaks the contract.")
   return task
 
 
-def load_seconds(pl, keys) -> float | None:
+def load_seconds(pl, ex: Execution, keys) -> float | None:
   """Seconds spent building the tasks of the runs ``keys`` (``(label, seed, holdout)``),
   each task's counted once: the first run that uses it gets its time, later ones 0.0.
   None when none of those tasks was built by the plan (a ``Task`` object given to the
   planner)."""
-  spent = getattr(pl, "load_seconds", None) or {}
+  spent = ex.load_seconds
   total, known = 0.0, False
   for k in dict.fromkeys((h, s if pl.resplit else pl.split_seed) for _, s, h in keys):
     if k in spent:
@@ -215,37 +252,37 @@ def load_seconds(pl, keys) -> float | None:
 
 def _varies(pl) -> bool:
   """Whether runs differ in their task (held-out domains, or a data split per seed)."""
-  return pl.holdouts != [None] or pl.resplit
+  return pl.has_holdouts or pl.resplit
 
 
-def _same_shapes(pl, keys) -> str | None:
+def _same_shapes(pl, ex: Execution, keys) -> str | None:
   """None when the tasks of ``keys`` have equal data shapes (one program can run them),
   else the reason they do not."""
   from fedjax_inv.runner.replicas import check_same_shapes
   try:
-    check_same_shapes([task_for(pl, h, s) for _, s, h in keys])
+    check_same_shapes([task_for(pl, ex, h, s) for _, s, h in keys])
   except ValueError as e:
     return str(e)
   return None
 
 
-def holdout_groups(pl, stream) -> list:
+def holdout_groups(pl, ex: Execution, stream) -> list:
   """The held-out domains that run together: every domain in one group when the runs
   are batched and every (domain, seed) task has equal shapes, else one domain at a time
   (then only one task is kept in memory when running sequentially). The reason is
-  printed and kept in ``pl.holdout_note``."""
+  printed and kept in ``ex.holdout_note``."""
   if len(pl.holdouts) == 1:
     return [list(pl.holdouts)]
   if pl.batched:
-    why = _same_shapes(pl, [(None, s, h) for h in pl.holdouts for s in pl.seeds])
+    why = _same_shapes(pl, ex, [(None, s, h) for h in pl.holdouts for s in pl.seeds])
     if why is None:
-      pl.holdout_note = "batched: the held-out domains' data have equal shapes"
+      ex.holdout_note = "batched: the held-out domains' data have equal shapes"
       return [list(pl.holdouts)]
-    pl.holdout_note = f"one held-out domain at a time ({why})"
+    ex.holdout_note = f"one held-out domain at a time ({why})"
     print(f"  --replicas batched: running one held-out domain at a time ({why})",
           file=stream)
   else:
-    pl.holdout_note = f"one held-out domain at a time (--replicas {pl.replicas})"
+    ex.holdout_note = f"one held-out domain at a time (--replicas {pl.replicas})"
   return [[h] for h in pl.holdouts]
 
 
@@ -256,16 +293,24 @@ def shard_of(cfg: dict):
   return True if devices in (None, "all") else int(devices)
 
 
-def execute(pl, out, done, rec, progress, stream) -> None:
+def execute(pl, out, done, rec, progress, stream, *, ex: Optional[Execution] = None,
+            loggers=(), checkpoint_root=None) -> Execution:
   """Runs every (label, seed, holdout) of the plan ``pl`` not in ``done``.
 
   For each group of held-out domains (:func:`holdout_groups`) and each algorithm: its
   traced sweep points × seeds × domains as one ``run_replicas`` program, or each point's
   seeds × domains as one (``pl.batched``), else one ``simulation.run`` after another;
-  the choice and its reason are printed and kept in ``pl.sweep_notes``. Each finished run
-  goes to ``rec``; checkpoints (``--checkpoint-every``) per run or per batch, when
-  ``out`` is a folder; ``metrics.jsonl`` gets each evaluation as it completes.
+  the choice and its reason are printed and kept in the returned state's
+  ``sweep_notes``. Each finished run goes to ``rec``; checkpoints
+  (``--checkpoint-every``) per run or per batch, in ``checkpoint_root`` (default ``out``)
+  when there is one; ``metrics.jsonl`` (and each of ``loggers``) gets each evaluation as it
+  completes.
+
+  Returns:
+    ``ex`` (default a new :meth:`Execution.start`), updated: the task cache, the notes,
+    whether anything ran batched.
   """
+  ex = ex if ex is not None else Execution.start(pl)
   from fedjax_inv.runner import grid, simulation
   cfg = pl.cfg
   common = dict(rounds=pl.rounds, clients_per_round=pl.cohort,
@@ -276,10 +321,9 @@ def execute(pl, out, done, rec, progress, stream) -> None:
   single_only = dict(pool=cfg.get("pool") or "auto")  # batches keep the pool resident
   # Checkpoints live in the output folder; a process other than 0 of a multi-process run
   # writes no output (out=None) but reads and writes the shared checkpoints there.
-  root = pl.checkpoint_root or out
+  root = checkpoint_root or out
   every = cfg.get("checkpoint_every") if root is not None else None
-
-  logs = getattr(pl, "loggers", None) or []
+  logs = list(loggers)
 
   def row_writer(keyed):  # callback(k, entry) -> metrics.jsonl (+ --log); keyed[k] = key
     if out is None:
@@ -294,60 +338,60 @@ def execute(pl, out, done, rec, progress, stream) -> None:
 
   def batch(algo, folder, structure, todo, hparams=None):
     from fedjax_inv.runner import replicas
-    why = _same_shapes(pl, todo) if _varies(pl) else None
+    why = _same_shapes(pl, ex, todo) if _varies(pl) else None
     if why is not None:  # e.g. per-seed data splits of other sizes
       print(f"  {folder}: running one after another ({why})", file=stream)
       for key in todo:
         single(algo, key)
       return
-    pl.ran_batched = True
+    ex.ran_batched = True
     bdir = batch_dir(root, folder, todo) if every else None
-    tasks = [task_for(pl, h, s) for _, s, h in todo] if _varies(pl) else None
+    tasks = [task_for(pl, ex, h, s) for _, s, h in todo] if _varies(pl) else None
     indexed = hparams is not None or tasks is not None  # callback gets the replica index
     keyed = dict(enumerate(todo)) if indexed else {k[1]: k for k in todo}
     kw = dict(seeds=[s for _, s, _ in todo], callback=row_writer(keyed), tasks=tasks,
               checkpoint_dir=bdir, checkpoint_every=every, **common,
-              label=_batch_label(folder, todo), load_seconds=load_seconds(pl, todo))
+              label=_batch_label(folder, todo), load_seconds=load_seconds(pl, ex, todo))
     if hparams is not None:
       kw.update(seeds=hparams[0], hparams=hparams[1])
     results = replicas.run_replicas(pl.task, structure, **kw)
     for key, res in zip(todo, results):
       rec(key, res, rec.base(key, algo, replicas=f"batched x{len(todo)}"),
           run_dir(out, key) / "checkpoint" if out is not None else None,
-          task_for(pl, key[2], key[1]).info)
+          task_for(pl, ex, key[2], key[1]).info, batched=True)
     if bdir is not None and out is not None:
       shutil.rmtree(bdir.parent, ignore_errors=True)  # ours; the batch is over
 
   def single(algo, key):
     a, s, h = key
     ckpt = run_dir(root, key) / "checkpoint" if root is not None else None
-    task = task_for(pl, h, s)
+    task = task_for(pl, ex, h, s)
     if not pl.batched and _varies(pl):  # one task in memory at a time
-      for k in [k for k in pl.tasks if k != (h, s if pl.resplit else pl.split_seed)]:
-        del pl.tasks[k]
+      for k in [k for k in ex.tasks if k != (h, s if pl.resplit else pl.split_seed)]:
+        del ex.tasks[k]
     writer = row_writer({0: key})
     try:
       res = simulation.run(task, pl.built[a], seed=s, **common, **single_only,
                            callback=None if writer is None else lambda e: writer(0, e),
                            checkpoint_dir=ckpt if every else None, checkpoint_every=every,
-                           label=_name(key), load_seconds=load_seconds(pl, [key]))
+                           label=_name(key), load_seconds=load_seconds(pl, ex, [key]))
     except simulation.DivergedError as e:
       res = e
     rec(key, res, rec.base(key, algo), ckpt if out is not None else None, task.info)
 
-  for group in holdout_groups(pl, stream):
+  for group in holdout_groups(pl, ex, stream):
     for algo in pl.algos:
       plan = pl.plans[algo]
       point_of = dict(zip(pl.labels[algo], plan.points))
-      keys = [(lab, s, h) for lab in pl.labels[algo] for h in group for s in pl.seeds]
+      keys = [RunKey(lab, s, h) for lab in pl.labels[algo] for h in group for s in pl.seeds]
       for key in keys:
         if key in done:
           rec.runs.append(done[key])
           print(f"  {_name(key):18s}: finished earlier (resumed), kept", file=stream)
-      if len(plan.points) > 1 and algo not in pl.sweep_notes:
-        pl.sweep_notes[algo] = _sweep_note(plan, pl.batched, pl.replicas)
+      if len(plan.points) > 1 and algo not in ex.sweep_notes:
+        ex.sweep_notes[algo] = _sweep_note(plan, pl.batched, pl.replicas)
         print(f"  {algo}: {len(plan.points)} sweep points × {len(pl.seeds)} seed(s), "
-              f"{pl.sweep_notes[algo]}", file=stream)
+              f"{ex.sweep_notes[algo]}", file=stream)
       if plan.batched and pl.batched and len(plan.points) > 1:
         todo = [k for k in keys if k not in done]
         if todo:
@@ -365,6 +409,7 @@ def execute(pl, out, done, rec, progress, stream) -> None:
           continue
         for key in todo:
           single(algo, key)
+  return ex
 
 
 def _sweep_note(plan, batched: bool, replicas: str) -> str:

@@ -26,11 +26,13 @@ Layout of the output directory (nothing is lost when a run dies):
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
 import pathlib
 import sys
 import time
+from typing import Any, Optional
 
 import jax
 
@@ -240,18 +242,19 @@ def run_experiment(cfg: dict, progress: bool = True, overrides=None,
     return _follow(pl, progress, stream)
   out, done = open_output(pl, stream)
   from fedjax_inv.runner import loggers
-  pl.loggers = loggers.make_loggers(cfg.get("log") or [], out)
+  logs = loggers.make_loggers(cfg.get("log") or [], out)
   rec = executor.Recorder(pl, out, stream)
+  ex = executor.Execution.start(pl)  # kept when interrupted: its notes go in the summary
   t0 = time.perf_counter()
   try:
-    executor.execute(pl, out, done, rec, progress, stream)
+    executor.execute(pl, out, done, rec, progress, stream, ex=ex, loggers=logs)
   except KeyboardInterrupt:
     rec.status = "interrupted"
   finally:
-    loggers.close_all(pl.loggers)
-  summary = write_summary(pl, out, rec, stream)
+    loggers.close_all(logs)
+  summary = write_summary(pl, out, rec, stream, ex)
   print(f"\nwrote {out}/ (summary.json, metrics.jsonl, results.md"
-        f"{'' if pl.holdouts != [None] else ', curves.png'}) in "
+        f"{'' if pl.has_holdouts else ', curves.png'}) in "
         f"{time.perf_counter() - t0:.0f}s" + ("" if rec.status == "ok" else
                                               f"; status: {rec.status}"), file=stream)
   if rec.status == "interrupted":
@@ -300,9 +303,8 @@ def _follow(pl, progress, stream) -> dict:
   """
   from fedjax_inv.runner import executor
   done = _finished(pl, pl.out)
-  pl.loggers, pl.checkpoint_root = [], pl.out
   rec = executor.Recorder(pl, None, stream)
-  executor.execute(pl, None, done, rec, progress, stream)
+  executor.execute(pl, None, done, rec, progress, stream, checkpoint_root=pl.out)
   return {"status": rec.status}
 
 
@@ -422,6 +424,65 @@ def _build_algorithms(algos, per_algo: dict, pts: dict, task, transform=lambda a
   return plans, labels, built
 
 
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """Every run of an experiment, checked (:func:`plan_experiment`); immutable.
+
+  Attributes:
+    cfg: the checked run configuration.
+    algos: the algorithm names; ``labels[a]`` its run labels (one per sweep point),
+      ``plans[a]`` its ``grid.Plan`` (the points, traced or one after another),
+      ``built[label]`` the ``Algorithm`` of each label; ``names``: every label.
+    seeds: the training seeds.
+    task: the first task (built from ``cfg['task']``, or the ``Task`` object given);
+      ``task_kwargs`` builds the others, ``task_load_seconds`` is how long it took
+      (None for a given ``Task``).
+    holdouts: the held-out domain names, or ``[None]``; ``domains``: all of the task's.
+    validation: the leave-one-domain-out validation rule.
+    split_seed / resplit: the data split of every seed, or one split per seed.
+    rounds, eval_every, cohort: the schedule (cohort = clients per round).
+    rep: the ``Reporting`` (selection rules, last-k means).
+    resolved: the configuration written to ``config.json`` / ``summary.json``.
+    search_info: ``--search``'s record, or None.
+    replicas / batched: the ``--replicas`` mode and whether runs that can share one
+      program are batched into it.
+    devices_used: devices the client axis is sharded over.
+    out / resume / overwrite: the output folder and its handling.
+  """
+  cfg: dict
+  algos: list
+  seeds: list
+  task: Any
+  holdouts: list
+  domains: Any
+  validation: str
+  split_seed: int
+  resplit: bool
+  task_kwargs: dict
+  task_load_seconds: Optional[float]
+  rounds: int
+  eval_every: Any
+  cohort: int
+  plans: dict
+  labels: dict
+  built: dict
+  names: list
+  rep: Any
+  resolved: dict
+  search_info: Any
+  replicas: str
+  batched: bool
+  devices_used: int
+  out: Optional[pathlib.Path]
+  resume: Any
+  overwrite: bool
+
+  @property
+  def has_holdouts(self) -> bool:
+    """Whether the runs hold out domains (leave-one-domain-out)."""
+    return self.holdouts != [None]
+
+
 def plan_experiment(cfg: dict, overrides=None, *, task_kwargs=None, seeds=None,
                     resplit: bool = False, holdouts=None, task=None, reporting="auto"):
   """The planner of :func:`run_experiment` (and of ``fedjax_inv.runner.lodo.run_lodo``): checks
@@ -447,21 +508,12 @@ def plan_experiment(cfg: dict, overrides=None, *, task_kwargs=None, seeds=None,
       argument of ``simulation.run`` to use as given (a ``Reporting``, dict or None).
 
   Returns:
-    a namespace: ``cfg`` (checked), ``algos``, ``seeds``, ``holdouts`` (domain names, or
-    ``[None]``), ``domains``, ``validation``, ``task`` (the first task), ``tasks`` (the
-    cache of ``executor.task_for``), ``task_kwargs``, ``split_seed``, ``resplit``,
-    ``load_seconds`` (seconds each task of ``tasks`` took to build, for the progress
-    lines and ``timing``: ``executor.load_seconds``),
-    ``rounds``, ``eval_every``, ``cohort``, ``plans`` / ``labels`` / ``built`` (per
-    algorithm: its ``sweep.Plan``, its run labels; per label: its ``Algorithm``),
-    ``names`` (every label), ``rep`` (the ``Reporting``), ``resolved`` (the config written
-    to ``config.json``), ``search_info``, ``replicas`` and ``batched`` (runs that share a
-    program run as one vmapped program), ``out`` / ``resume`` / ``overwrite``.
+    the :class:`Plan` (immutable; the executor keeps its own state in an
+    ``executor.Execution`` and never writes into the plan).
 
   Raises:
     ValueError: anything :func:`run_experiment` refuses.
   """
-  import types
   from fedjax_inv.runner import config
   from fedjax_inv.core.engine import resolve_strategy
   from fedjax_inv.eval import reporting as rlib
@@ -526,15 +578,12 @@ def plan_experiment(cfg: dict, overrides=None, *, task_kwargs=None, seeds=None,
     resolved["eval_every"] = int(eval_every)
   if extra_hp:  # API overrides: recorded so that the config reproduces the run
     resolved["hp"] = list(resolved.get("hp") or []) + extra_hp
-  replicas = cfg.get("replicas") or "auto"
+  replicas = cfg.get("replicas") or config.DEFAULT_REPLICAS
   _check_host_checkpoints(cfg, task, built)
-  return types.SimpleNamespace(
-      cfg=cfg, algos=algos, seeds=seeds, task=task, holdouts=holdouts, domains=domains,
-      validation=cfg.get("validation") or "mean", split_seed=split_seed,
-      resplit=bool(resplit), task_kwargs=tkw,
-      tasks={(task.info.get("holdout") if domains else None, split_seed): task},
-      load_seconds={} if given_task else {
-          (task.info.get("holdout") if domains else None, split_seed): t_load},
+  return Plan(
+      cfg=cfg, algos=list(algos), seeds=list(seeds), task=task, holdouts=list(holdouts),
+      domains=domains, validation=cfg.get("validation") or "mean", split_seed=split_seed,
+      resplit=bool(resplit), task_kwargs=tkw, task_load_seconds=None if given_task else t_load,
       rounds=rounds, eval_every=eval_every, cohort=cohort, plans=plans, labels=labels,
       built=built, names=[lab for a in algos for lab in labels[a]], rep=rep,
       resolved=resolved, search_info=search_info, replicas=replicas,
@@ -542,9 +591,7 @@ def plan_experiment(cfg: dict, overrides=None, *, task_kwargs=None, seeds=None,
           replicas == "batched" or (replicas == "auto" and jax.default_backend() != "cpu")),
       devices_used=(1 if mesh is None or cohort % mesh.devices.size
                     else int(mesh.devices.size)),
-      out=out, checkpoint_root=None, resume=resume, overwrite=bool(cfg.get("overwrite")),
-      sweep_notes={},
-      holdout_note=None, ran_batched=False)
+      out=out, resume=resume, overwrite=bool(cfg.get("overwrite")))
 
 
 def _cohort(cfg: dict, task, domains) -> int:
@@ -668,14 +715,14 @@ def open_output(pl, stream):
   return out, done
 
 
-def write_summary(pl, out, rec, stream) -> dict:
+def write_summary(pl, out, rec, stream, ex) -> dict:
   """Writes ``summary.json`` (with the table, status, failed / unfinished runs,
   provenance and the resolved config) and, when a run finished, ``results.md/.csv`` and
   ``curves.png``; prints the table. With held-out domains, the leave-one-domain-out
   summary and tables instead (:func:`_write_lodo_summary`). Returns the summary."""
   from fedjax_inv.eval import reporting as rlib
-  if pl.holdouts != [None]:
-    return _write_lodo_summary(pl, out, rec, stream)
+  if pl.has_holdouts:
+    return _write_lodo_summary(pl, out, rec, stream, ex)
   task, seeds, runs = pl.task, pl.seeds, rec.runs
   ok = [r for r in runs if r.get("status", "ok") == "ok"]
   extra, printed_extra = report_columns(task, pl.rep, pl.rounds)
@@ -690,23 +737,23 @@ def write_summary(pl, out, rec, stream) -> dict:
                "runs": [{k: v for k, v in r.items() if k not in ("history", "data")}
                         for r in runs],
                "data": task.info}
-  _stamp(summary, pl, rec)
+  _stamp(summary, pl, rec, ex)
   summary["replicas"] = ("batched (seeds of an algorithm as one vmapped program)"
-                         if pl.ran_batched else "sequential")
+                         if ex.ran_batched else "sequential")
   outputs.write_json(out / "summary.json", summary)
   if ok:
     _write_tables(pl, out, runs, ok, table, metrics, printed_extra, stream)
   return summary
 
 
-def _stamp(summary: dict, pl, rec) -> None:
+def _stamp(summary: dict, pl, rec, ex) -> None:
   """Adds what every summary.json carries: status, sweep / search notes, failed and
   unfinished runs, the JAX setup, the command, provenance and the resolved config."""
   status, runs = rec.status, rec.runs
   summary["status"] = status
-  if pl.sweep_notes:
-    summary["sweep"] = {a: {"points": pl.plans[a].points, "runs": pl.sweep_notes[a]}
-                        for a in pl.sweep_notes}
+  if ex.sweep_notes:
+    summary["sweep"] = {a: {"points": pl.plans[a].points, "runs": ex.sweep_notes[a]}
+                        for a in ex.sweep_notes}
   if pl.search_info:
     summary["search"] = pl.search_info
   if status != "ok":
@@ -729,19 +776,19 @@ def _stamp(summary: dict, pl, rec) -> None:
   summary["config"] = pl.resolved
 
 
-def _write_lodo_summary(pl, out, rec, stream) -> dict:
+def _write_lodo_summary(pl, out, rec, stream, ex) -> dict:
   """Leave-one-domain-out outputs: ``summary.json`` = ``fedjax_inv.runner.lodo.result_from_runs``
   without the histories (per-domain cells, selections, seeds, task info) plus the common
   keys (:func:`_stamp`, ``holdouts_run``: how the domains ran); ``results.md`` /
   ``results.csv`` = the paper-style tables (one per selection method)."""
   from fedjax_inv.eval import lodo
-  result = lodo.result_from_runs(pl, rec.runs)
+  result = lodo.result_from_runs(pl, rec.runs, batched=ex.ran_batched)
   summary = {k: v for k, v in result.items() if k != "runs"}
   summary["runs"] = [{k: v for k, v in r.items() if k != "history"}
                      for r in result["runs"]]
-  if pl.holdout_note:
-    summary["holdouts_run"] = pl.holdout_note
-  _stamp(summary, pl, rec)
+  if ex.holdout_note:
+    summary["holdouts_run"] = ex.holdout_note
+  _stamp(summary, pl, rec, ex)
   outputs.write_json(out / "summary.json", summary)
   if result["runs"]:
     failed = "".join(f"\n{r['algorithm']} seed {r['seed']} holdout {r['holdout']}: "

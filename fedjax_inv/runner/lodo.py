@@ -39,7 +39,7 @@ def run_lodo(task_name: str, algorithms, *, seeds=(0,), rounds: int | None = Non
              algorithm_kwargs: dict | None = None, execution: str = "auto",
              eval_every: int | None = None, progress: bool = True,
              clients_per_round: int | None = None, resplit: bool = False,
-             stream=None, validation: str = "mean", replicas: str = "sequential") -> dict:
+             stream=None, validation: str = "mean", replicas: str | None = None) -> dict:
   """Leave-one-domain-out sweep: every held-out domain × algorithm × seed.
 
   Args:
@@ -68,11 +68,12 @@ def run_lodo(task_name: str, algorithms, *, seeds=(0,), rounds: int | None = Non
     validation: training-domain validation accuracy: 'mean' (default) of the per-domain
       accuracies, as DomainBed and FedIIR's code, or 'pooled' over all validation
       examples (:func:`select_rounds`).
-    replicas: 'sequential' (default: one run at a time, one task in memory), 'batched'
-      (every held-out domain × seed of an algorithm as ONE vmapped program,
+    replicas: 'sequential' (one run at a time, one task in memory), 'batched' (every
+      held-out domain × seed of an algorithm as ONE vmapped program,
       ``replicas.run_replicas(tasks=...)``; all tasks are held in memory and must have
       equal shapes, e.g. RotatedMNIST's equal-sized domains, else the runs go one after
-      another and the reason is printed) or 'auto' (batched on GPU/TPU).
+      another and the reason is printed) or 'auto' (batched on GPU/TPU, sequential on
+      CPU); None (default): ``fedjax-inv run --replicas``'s default, 'auto'.
 
   Returns:
     dict with ``task``, ``domains``, ``holdouts`` (names, in order), ``algorithms``,
@@ -114,13 +115,13 @@ def run_lodo(task_name: str, algorithms, *, seeds=(0,), rounds: int | None = Non
   pl = experiment.plan_experiment(cfg, overrides, task_kwargs=task_kwargs, seeds=seeds,
                                   resplit=resplit, holdouts=holdouts)
   rec = executor.Recorder(pl, None, stream)
-  executor.execute(pl, None, {}, rec, progress, stream)
+  ex = executor.execute(pl, None, {}, rec, progress, stream)
   bad = [r for r in rec.runs if r.get("status") == "diverged"]
   if bad:
     raise RuntimeError(f"{len(bad)} run(s) diverged, e.g. {bad[0]['algorithm']} seed "
                        f"{bad[0]['seed']} holdout {bad[0]['holdout']}: "
                        f"{bad[0]['error']}")
-  result = result_from_runs(pl, rec.runs)
+  result = result_from_runs(pl, rec.runs, batched=ex.ran_batched)
   result["seconds"] = round(time.perf_counter() - t0, 2)
   return result
 
@@ -131,6 +132,7 @@ def _check_args(task_name, algorithms, seeds, rounds, eval_every, task_kwargs, e
   that needs no data (ValueError naming the value and the fix)."""
   from fedjax_inv.algorithms import registry
   from fedjax_inv.core.engine import resolve_strategy
+  from fedjax_inv.runner import config
   from fedjax_inv.tasks import task_registry
   if validation not in VALIDATIONS:
     raise ValueError(f"validation={validation!r}; choose 'mean' (per-domain average, "
@@ -158,8 +160,7 @@ def _check_args(task_name, algorithms, seeds, rounds, eval_every, task_kwargs, e
     raise ValueError("task_kwargs must not set 'holdout'; choose held-out domains with "
                      "holdouts=... instead.")
   resolve_strategy(execution, 1)  # validates the name
-  if replicas not in ("auto", "batched", "sequential"):
-    raise ValueError(f"replicas={replicas!r}; choose 'auto', 'batched' or 'sequential'.")
+  config.check_replicas(replicas)
   return algorithms, [int(s) for s in seeds]
 
 

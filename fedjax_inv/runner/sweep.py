@@ -36,7 +36,8 @@ __all__ = ["run_sweep", "PLACEHOLDER", "Plan", "label", "parse_sweep", "plan", "
 
 
 def run_sweep(task, algorithm: str, spec: dict, *, seeds, rounds: int,
-              overrides: dict | None = None, replicas: str = "auto", **run_kw) -> list:
+              overrides: dict | None = None, replicas: str | None = None,
+              **run_kw) -> list:
   """Runs every point of ``spec`` × every seed of ``algorithm`` on ``task``.
 
   Args:
@@ -48,7 +49,8 @@ def run_sweep(task, algorithm: str, spec: dict, *, seeds, rounds: int,
     rounds: rounds of every run.
     overrides: further fixed hyperparameters (the task's defaults are applied first).
     replicas: 'auto' (batched on GPU/TPU when the plan allows it, else one after
-      another), 'batched' (batched when the plan allows it) or 'sequential'.
+      another), 'batched' (batched when the plan allows it) or 'sequential'; None
+      (default): ``fedjax-inv run --replicas``'s default, 'auto'.
     **run_kw: as :func:`fedjax_inv.runner.simulation.run` (clients_per_round, execution,
       eval_every, progress, reporting, ...).
 
@@ -62,11 +64,10 @@ def run_sweep(task, algorithm: str, spec: dict, *, seeds, rounds: int,
   import io
   import sys
 
-  from fedjax_inv.runner import executor, experiment
+  from fedjax_inv.runner import config, executor, experiment
   spec = {canonical(k): (list(v) if isinstance(v, (list, tuple)) else [v])
           for k, v in spec.items()}
-  if replicas not in ("auto", "batched", "sequential"):
-    raise ValueError(f"replicas={replicas!r}; choose auto, batched or sequential.")
+  replicas = config.check_replicas(replicas)
   overrides = dict(overrides or {})
   clash = sorted(set(spec) & set(overrides))
   if clash:

@@ -1,0 +1,38 @@
+"""The planner's plan is an immutable record and the executor keeps its own state."""
+import dataclasses
+import io
+
+import pytest
+
+from fedjax_inv.runner import config, executor, experiment
+
+
+def test_the_plan_is_frozen_and_the_executor_returns_its_state():
+  pl = experiment.plan_experiment({"task": "linear_regression", "seed": 0, "seeds": 2,
+                                   "rounds": 2, "algorithm": "fedavg,fedprox"})
+  assert isinstance(pl, experiment.Plan)
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    pl.rounds = 3
+  before = {f.name: repr(getattr(pl, f.name)) for f in dataclasses.fields(pl)
+            if f.name not in ("task", "plans", "built", "rep")}
+  rec = executor.Recorder(pl, None, io.StringIO())
+  ex = executor.execute(pl, None, {}, rec, False, io.StringIO())
+  assert isinstance(ex, executor.Execution)
+  assert ex.ran_batched is False  # CPU, --replicas auto: one run after another
+  assert sorted(rec.results) == [("fedavg", 0, None), ("fedavg", 1, None),
+                                 ("fedprox", 0, None), ("fedprox", 1, None)]
+  assert all(isinstance(k, executor.RunKey) for k in rec.results)
+  assert not any(rec.batched.values())
+  after = {f.name: repr(getattr(pl, f.name)) for f in dataclasses.fields(pl)
+           if f.name in before}
+  assert after == before
+
+
+def test_one_batching_choice_with_one_default():
+  assert config.check_replicas(None) == config.DEFAULT_REPLICAS == "auto"
+  for mode in config.REPLICA_MODES:
+    assert config.check_replicas(mode) == mode
+  with pytest.raises(ValueError, match="replicas='many'"):
+    config.check_replicas("many")
+  pl = experiment.plan_experiment({"task": "linear_regression", "rounds": 1})
+  assert pl.replicas == config.DEFAULT_REPLICAS
