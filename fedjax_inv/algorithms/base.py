@@ -166,8 +166,12 @@ def build(name: str, *, components=(), client_lr: float = 0.1, server_lr: float 
           b1: float = 0.9, b2: float = 0.99, server_tau: float = 1e-3,
           aggregator: str = "mean", tau: float = 0.4, weighting: str = "num_examples",
           client_optimizer_state: str = "restart", local_epochs: int | None = None,
-          **extra) -> Algorithm:
+          record: dict | None = None, **extra) -> Algorithm:
   """Assembles an ``Algorithm`` from the common knobs (see module docstring).
+
+  ``record``: the algorithm's own hyperparameters (e.g. FedProx's ``{'mu': mu}``), added to
+  ``Algorithm.hparams`` after the common knobs, so a factory never edits ``hparams`` by
+  hand.
 
   Raises:
     ValueError: unknown keyword (names it) or bad value (e.g. a ``client_optimizer_state``
@@ -185,6 +189,7 @@ def build(name: str, *, components=(), client_lr: float = 0.1, server_lr: float 
   if local_epochs is not None:  # recorded only when set: earlier summaries stay as they are
     hp["local_epochs"] = local_epochs
     del hp["local_steps"]  # not run: each client runs E * ceil(n_i / B) steps
+  hp.update(record or {})
   return Algorithm(
       name=name,
       client_optimizer=_client_opt(client_optimizer, client_lr, weight_decay),

@@ -51,8 +51,7 @@ def prox_component(mu: float) -> Component:
           summary="FedAvg + proximal term mu/2 ||w - w_t||^2 in the client loss")
 def fedprox(mu: float = 0.01, **kw):
   """FedProx: client objective ``F_k(w) + (μ/2)‖w − w_t‖²`` (squared norm)."""
-  alg = build("fedprox", components=(prox_component(mu),), **kw)
-  return alg.replace(hparams={**alg.hparams, "mu": mu})
+  return build("fedprox", components=(prox_component(mu),), record={"mu": mu}, **kw)
 
 
 def scaffold_component(local_steps: int, client_lr: float) -> Component:

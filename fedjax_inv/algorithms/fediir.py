@@ -169,6 +169,5 @@ def fediir(gamma: float = FEDIIR_DEFAULTS["gamma"], ema: float = FEDIIR_DEFAULTS
   we follow the paper's ``γ/2`` and full-batch ``ḡ``.
   """
   comp = fediir_component(gamma, ema, ema_init)
-  alg = build("fediir", components=(comp,), weighting=weighting, **kw)
-  return alg.replace(hparams={**alg.hparams, "gamma": float(gamma), "ema": float(ema),
-                              "ema_init": ema_init})
+  return build("fediir", components=(comp,), weighting=weighting, record={
+      "gamma": float(gamma), "ema": float(ema), "ema_init": ema_init}, **kw)

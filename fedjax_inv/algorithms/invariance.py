@@ -229,11 +229,10 @@ def inv_fedavg(penalty_weight: float = INV_FEDAVG_DEFAULTS["penalty_weight"],
   """
   comp = irm_component(penalty_weight, warmup_rounds, irm_mode, warmup_weight,
                        lambda_schedule)
-  alg = build("inv_fedavg", components=(comp,), **kw)
   hp = {"penalty_weight": float(penalty_weight), "warmup_rounds": int(warmup_rounds),
         "irm_mode": irm_mode, "warmup_weight": float(warmup_weight)}
   if lambda_schedule is not None:  # a custom λ(t): the step-schedule knobs do not apply
     hp = {"irm_mode": irm_mode, "lambda_schedule": getattr(
         lambda_schedule, "__name__", type(lambda_schedule).__name__)}
-  return alg.replace(hparams={**alg.hparams, **hp})
+  return build("inv_fedavg", components=(comp,), record=hp, **kw)
 
