@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pathlib
+import warnings
 
 import numpy as np
 
@@ -50,9 +51,12 @@ def _import():
   os.environ.setdefault("HF_HUB_ETAG_TIMEOUT", str(ETAG_TIMEOUT_S))
   os.environ.setdefault("HF_HUB_DOWNLOAD_TIMEOUT", str(DOWNLOAD_TIMEOUT_S))
   try:
-    import datasets  # pylint: disable=g-import-not-at-top
-    import flwr_datasets  # pylint: disable=g-import-not-at-top
-    from flwr_datasets.common import telemetry  # pylint: disable=g-import-not-at-top
+    with warnings.catch_warnings():
+      # tqdm.auto in a notebook without ipywidgets: about datasets' own progress bars
+      warnings.filterwarnings("ignore", message="IProgress not found")
+      import datasets  # pylint: disable=g-import-not-at-top
+      import flwr_datasets  # pylint: disable=g-import-not-at-top
+      from flwr_datasets.common import telemetry  # pylint: disable=g-import-not-at-top
   except ImportError as e:
     raise RuntimeError(f"Hugging Face datasets and Flower Datasets are missing ({e}); "
                        "they are dependencies of fedjax_inv: pip install 'datasets' "
