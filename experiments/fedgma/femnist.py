@@ -38,7 +38,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parents[1]))
 
-from reproduce import _atomic_json, _machine  # noqa: E402
+from fedjax_inv.runner import experiment, outputs  # noqa: E402
 
 # FedGMA Table 1, FEMNIST row (% accuracy, mean over the last 20 rounds).
 PAPER = {"fedavg": (89.29, 95.0), "fedprox": (92.01, 92.34), "scaffold": (85.52, 95.58),
@@ -131,15 +131,15 @@ def main(argv=None) -> int:
   results = {"experiment": "FedGMA Fig. 1a + Table 1 FEMNIST row", "rounds": a.rounds,
              "seeds": seeds, "heldout_writers": a.heldout_writers, "tau": a.tau, "mu": a.mu,
              "clients_per_round": a.clients_per_round, "source": a.source,
-             "data_dir": a.data_dir, "command": " ".join(sys.argv), "machine": _machine(),
-             "paper_table1": PAPER, "runs": []}
+             "data_dir": a.data_dir, "command": " ".join(sys.argv),
+             "machine": experiment.provenance(), "paper_table1": PAPER, "runs": []}
   for s in seeds:  # seeds outermost: a partial run still holds complete comparisons
     for label in labels:
       r = run_one(label, s, a)
       results["runs"].append(r)
       print(f"femnist {label} seed={s}: test {r['test_accuracy_last']:.4f} ood "
             f"{r['ood_accuracy_last']:.4f} ({r['seconds']} s)", flush=True)
-      _atomic_json(out, results)
+      outputs.write_json(out, results)
   print(table_of(results))
   return 0
 
