@@ -340,6 +340,42 @@ def cmd_tune(args) -> int:
   return 0
 
 
+def cmd_experiment(args) -> int:
+  """``fedjax-inv experiment SPEC``: every (run, seed) of a spec
+  (:mod:`fedjax_inv.runner.spec`) through the executor of ``fedjax-inv run``, one raw
+  record each; records already there are kept (resume).
+
+  Raises:
+    ValueError: a missing or malformed spec, a run configuration ``fedjax-inv run``
+      refuses, a bad ``--where`` or ``--seeds``; before anything runs."""
+  from fedjax_inv.runner import spec as spec_lib
+  sp = spec_lib.load_spec(args.spec)
+  where = spec_lib.parse_where(args.where)
+  runs = sp.select(where)
+  spec_lib.check_runs(runs)
+  seeds = None
+  if args.seeds:
+    try:
+      seeds = [int(v) for v in args.seeds.split(",") if v.strip()]
+    except ValueError as e:
+      raise ValueError(f"--seeds {args.seeds!r}: give comma-separated integers, e.g. "
+                       "0,1.") from e
+  out = pathlib.Path(args.out) if args.out else sp.path.parent / "results"
+  n = len(runs) * len(seeds or sp.seeds)
+  print(f"{sp.path}: {len(runs)} runs × {len(seeds or sp.seeds)} seeds = {n} records "
+        f"in {out}/" + (" (dry run: nothing trained)" if args.dry_run else ""))
+  if args.dry_run:
+    import shlex
+    for r in runs:
+      print(f"  {r.group}/{r.name}: " + " ".join(
+          f"--{k.replace('_', '-')} {shlex.quote(str(v))}" for k, vs in r.config
+          for v in (vs if isinstance(vs, list) else [vs])))
+    return 0
+  spec_lib.execute_spec(sp, out, where=where, seeds=seeds)
+  print(f"\nwrote {out}/")
+  return 0
+
+
 class _Parser(argparse.ArgumentParser):
   """argparse with one-line errors (``fedjax-inv: error: ...``, exit code 2)."""
 
@@ -406,6 +442,17 @@ def main(argv=None) -> int:
                   help="a value fixed for every trial (not searched); NAME as for "
                   "`fedjax-inv run --sweep`")
   tu.add_argument("--out", required=True, help="the row folder (new, empty, or resumed)")
+  ex = sub.add_parser("experiment", help="run an experiment spec (spec.yaml: runs × seeds) "
+                      "through the same executor as run; resumes")
+  ex.add_argument("spec", help="the spec file, e.g. experiments/robustness/spec.yaml")
+  ex.add_argument("--out", help="the results folder; default: results/ beside the spec")
+  ex.add_argument("--where", action="append", default=[], metavar="AXIS=LABEL[,LABEL]",
+                  help="run only the runs with these options (repeatable), e.g. "
+                  "fraction=0.1 or group=stragglers; default: every run")
+  ex.add_argument("--seeds", help="comma-separated subset of the spec's seeds; default: "
+                  "all of them")
+  ex.add_argument("--dry-run", action="store_true", help="check every run's configuration "
+                  "and list the runs; nothing is trained or written")
   try:  # the thin entry point of the harness in benchmarks/ (fedjax_inv.benchmarks)
     _harness().add_parser(sub)
   except ImportError as e:  # an install without the harness: say so when asked for it
@@ -431,6 +478,8 @@ def main(argv=None) -> int:
       return cmd_hparams(args)
     if args.command == "tune":
       return cmd_tune(args)
+    if args.command == "experiment":
+      return cmd_experiment(args)
     return args.func(args)
   except (ValueError, FileNotFoundError, RuntimeError, MemoryError) as e:
     print(f"fedjax-inv: error: {e}", file=sys.stderr)

@@ -1,0 +1,386 @@
+"""Experiments as specs: a list of runs, each run by the one executor.
+
+An experiment folder holds a spec (``spec.yaml``), its raw results, a table generator and
+a README; it holds no loop over seeds or methods and no resume logic. This module reads
+the spec, expands it into runs, and runs each (run, seed) through the same planner and
+executor as ``fedjax-inv run`` (``experiment.plan_experiment`` then
+``executor.execute``), writing one raw record per (run, seed). A record already on disk
+with the same key is kept: re-running a spec resumes it. ``fedjax-inv tune`` writes its
+records through :func:`run_record` too.
+
+A spec (YAML; every key but ``groups`` optional)::
+
+  description: Robust aggregation under attack
+  base:                      # fedjax-inv run keys shared by every run
+    task: mnist_noniid
+    rounds: 40
+    task_arg: [num_clients=20, model=mlp]
+  seeds: [0, 1, 2]           # the training seeds of every run
+  data_seed: each            # each seed's data from that seed, or an int: one split
+  record: "raw/{group}/{name}-seed{seed}.json"   # each record's path in the results
+  x-aggregators: &aggs       # keys starting 'x-' are ignored: a place for YAML anchors
+    mean: {aggregator: mean}
+    krum: {aggregator: "krum:f=4"}
+  groups:
+    - group: attacks
+      name: "{aggregator}-{attack}-{fraction}"   # formatted with the option labels
+      axes:                  # the runs: the product of every axis's options
+        aggregator: *aggs
+        attack: {sign_flip: {attack: sign_flip}}
+        fraction: {"0.2": {attack_fraction: 0.2}}
+
+A run's configuration is ``base``, then its group's ``config``, then each chosen option
+in axis order. A record holds the run's key, the algorithm's hyperparameters, where the
+data came from (:func:`data_record`), the final and per-evaluation metrics, the paper
+protocol's selections, its seconds and execution strategy, and the provenance of the
+code that made it.
+
+Source: the experiment layout is this project's (``docs/ARCHITECTURE.md``, "Experiments
+as specs"); DomainBed (Gulrajani & Lopez-Paz 2021, §4) for one record per (run, seed).
+"""
+from __future__ import annotations
+
+import dataclasses
+import io
+import itertools
+import json
+import pathlib
+import sys
+from typing import Any, Optional
+
+import numpy as np
+
+from fedjax_inv.runner import outputs
+
+DEFAULT_RECORD = "{group}/{name}/seed{seed}.json"
+SPEC_KEYS = ("description", "base", "seeds", "data_seed", "record", "groups")
+GROUP_KEYS = ("group", "name", "config", "axes")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+  """One run of a spec: its group, its name, the option label chosen on each axis and
+  its full ``fedjax-inv run`` configuration (``base``, then the group's ``config``, then
+  each option's keys)."""
+  group: str
+  name: str
+  labels: tuple
+  config: tuple  # sorted (key, value) items: hashable and immutable
+
+  @property
+  def cfg(self) -> dict:
+    """The run's configuration as a fresh dict."""
+    return json.loads(json.dumps(dict(self.config)))
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+  """A loaded spec (:func:`load_spec`): its file, description, seeds, data seed rule
+  (``'each'`` or one split seed), record path template and runs."""
+  path: Optional[pathlib.Path]
+  description: str
+  seeds: tuple
+  data_seed: Any
+  record: str
+  runs: tuple
+
+  def record_path(self, out: pathlib.Path, run: RunSpec, seed: int) -> pathlib.Path:
+    """Where the record of ``(run, seed)`` goes under the results folder ``out``."""
+    return pathlib.Path(out) / self.record.format(group=run.group, name=run.name,
+                                                  seed=int(seed))
+
+  def select(self, where: Optional[dict] = None) -> list:
+    """The runs whose option on every axis named in ``where`` (``{axis: [labels]}``)
+    is one of the labels given; ``{'group': [...]}`` selects groups.
+
+    Raises:
+      ValueError: an axis or label that no run has, naming the ones there are.
+    """
+    where = {k: [str(v) for v in vs] for k, vs in (where or {}).items()}
+    axes: dict = {"group": {r.group for r in self.runs}}
+    for r in self.runs:
+      for k, v in r.labels:
+        axes.setdefault(k, set()).add(v)
+    for k, vs in where.items():
+      if k not in axes:
+        raise ValueError(f"--where {k}=...: no axis {k!r} in this spec; its axes are "
+                         f"{', '.join(sorted(axes))}.")
+      bad = sorted(set(vs) - axes[k])
+      if bad:
+        raise ValueError(f"--where {k}={','.join(bad)}: not an option of axis {k!r}; it "
+                         f"has {', '.join(sorted(axes[k]))}.")
+    keep = []
+    for r in self.runs:
+      have = {"group": r.group, **dict(r.labels)}
+      if all(k in have and have[k] in vs for k, vs in where.items()):
+        keep.append(r)
+    return keep
+
+
+def _fail(where: str, what: str) -> ValueError:
+  return ValueError(f"spec {where}: {what}")
+
+
+def parse_spec(doc: dict, path: Optional[pathlib.Path] = None) -> Spec:
+  """A :class:`Spec` from a spec document (the parsed YAML; module docstring).
+
+  Raises:
+    ValueError: an unknown key, a group without ``name`` or ``axes``, an axis without
+      options, two runs of one name, or seeds that are not distinct integers >= 0; the
+      message names the key and the fix.
+  """
+  if not isinstance(doc, dict):
+    raise _fail(str(path or ""), "the file must hold a mapping with a 'groups' list.")
+  unknown = sorted(k for k in set(doc) - set(SPEC_KEYS) if not str(k).startswith("x-"))
+  if unknown:
+    raise _fail(str(unknown), f"unknown key(s); a spec has {', '.join(SPEC_KEYS)} (and "
+                "'x-NAME' keys, ignored, to hold YAML anchors).")
+  seeds = doc.get("seeds", [0])
+  if (not isinstance(seeds, list) or not seeds or len(set(seeds)) != len(seeds)
+      or not all(isinstance(s, int) and s >= 0 for s in seeds)):
+    raise _fail(f"seeds {seeds!r}", "give a list of distinct integers >= 0, e.g. [0, 1, 2].")
+  data_seed = doc.get("data_seed", "each")
+  if data_seed != "each" and not (isinstance(data_seed, int) and data_seed >= 0):
+    raise _fail(f"data_seed {data_seed!r}", "use 'each' (each seed's data from that seed) "
+                "or one integer >= 0 (one split for every seed).")
+  base = dict(doc.get("base") or {})
+  groups = doc.get("groups")
+  if not isinstance(groups, list) or not groups:
+    raise _fail("groups", "give a list of groups, each with 'group', 'name' and 'axes'.")
+  runs, names = [], set()
+  for i, g in enumerate(groups):
+    where = f"groups[{i}]"
+    if not isinstance(g, dict) or "name" not in g:
+      raise _fail(where, "each group needs a 'name' template, e.g. '{aggregator}-{attack}'.")
+    unknown = sorted(set(g) - set(GROUP_KEYS))
+    if unknown:
+      raise _fail(f"{where} {unknown}", f"unknown key(s); a group has "
+                  f"{', '.join(GROUP_KEYS)}.")
+    axes = g.get("axes") or {}
+    for axis, options in axes.items():
+      if not isinstance(options, dict) or not options:
+        raise _fail(f"{where}.axes.{axis}", "give a mapping of option label -> run keys "
+                    "(an empty mapping {} for an option that changes nothing).")
+    combos = itertools.product(*[[(axis, str(lab), opt or {}) for lab, opt in opts.items()]
+                                 for axis, opts in axes.items()])
+    for combo in combos:
+      labels = tuple((axis, lab) for axis, lab, _ in combo)
+      cfg = {**base, **(g.get("config") or {})}
+      for _, _, opt in combo:
+        cfg.update(opt)
+      try:
+        name = str(g["name"]).format(**dict(labels))
+      except KeyError as e:
+        raise _fail(f"{where}.name {g['name']!r}", f"{e} is not an axis of the group "
+                    f"({', '.join(axes) or 'none'}).") from None
+      group = str(g.get("group", ""))
+      if (group, name) in names:
+        raise _fail(f"{where}", f"two runs are named {group}/{name}; put every axis in "
+                    "the name template.")
+      names.add((group, name))
+      runs.append(RunSpec(group, name, labels, tuple(sorted(
+          (k, json.loads(json.dumps(v))) for k, v in cfg.items()))))
+  return Spec(path, str(doc.get("description", "")), tuple(seeds), data_seed,
+              str(doc.get("record", DEFAULT_RECORD)), tuple(runs))
+
+
+def load_spec(path) -> Spec:
+  """Reads and parses a YAML or JSON spec file (:func:`parse_spec`); never executes it.
+
+  Raises:
+    ValueError: a missing or malformed file (naming it), or what :func:`parse_spec`
+      refuses.
+  """
+  p = pathlib.Path(path)
+  if not p.is_file():
+    raise ValueError(f"spec {str(p)!r}: no such file; give the path of a spec.yaml (e.g. "
+                     "experiments/robustness/spec.yaml).")
+  import yaml
+  try:
+    doc = yaml.safe_load(p.read_text())
+  except yaml.YAMLError as e:
+    raise ValueError(f"spec {str(p)!r} is not valid YAML: {e}") from None
+  return parse_spec(doc, p)
+
+
+def data_record(task) -> dict:
+  """Where a run's data came from and how much of it there was, for its raw record:
+  ``{'source', 'note', 'train_clients', 'train_examples', 'eval_sets': {name:
+  {'clients', 'examples'}}}`` (examples: real rows, padding excluded)."""
+  def size(data) -> dict:
+    return {"clients": int(data.num_clients), "examples": int(np.asarray(data.n).sum())}
+  info = task.info or {}
+  train = size(task.train)
+  return {"source": info.get("dataset_source", "generated by the task"),
+          "note": info.get("data_note", info.get("split_note", "")),
+          "train_clients": train["clients"], "train_examples": train["examples"],
+          "eval_sets": {k: size(v) for k, v in task.eval_sets.items()}}
+
+
+def run_one(cfg: dict, seed: int, *, task=None, overrides=None, data_seed=None,
+            stream=None):
+  """One run (``cfg``'s single algorithm, training seed ``seed``) through the planner and
+  the executor of ``fedjax-inv run``, nothing written.
+
+  Args:
+    cfg: ``fedjax-inv run`` keys (``fedjax_inv.runner.config.RUN_KEYS``); its ``seed``,
+      ``seeds`` and ``replicas`` are set here.
+    seed: the training seed (model init, client sampling, minibatches, attackers).
+    task: a built ``Task`` to run instead of ``cfg['task']`` (e.g. with a validation
+      split), or None.
+    overrides: algorithm hyperparameters (``{name: value}``), as ``fedjax-inv run``'s.
+    data_seed: the seed of the task's data; None = ``seed`` (each seed its own split).
+    stream: where the executor's lines go (default: dropped).
+
+  Returns:
+    ``(result, plan)``: the ``simulation.RunResult`` (or the ``simulation.DivergedError``
+    of a run whose objective became non-finite) and the executed ``experiment.Plan``.
+
+  Raises:
+    ValueError: what ``fedjax-inv run`` refuses (before any compile); ``cfg`` naming
+      more than one algorithm.
+  """
+  from fedjax_inv.runner import executor, experiment
+  cfg = {**cfg, "seed": int(seed), "seeds": 1, "replicas": "sequential"}
+  if "," in str(cfg.get("algorithm", "")):
+    raise ValueError(f"algorithm={cfg['algorithm']!r}: a spec run trains one algorithm; "
+                     "make the algorithm an axis of the group instead.")
+  tkw = None if data_seed is None or task is not None else {"seed": int(data_seed)}
+  pl = experiment.plan_experiment(cfg, overrides, task=task, task_kwargs=tkw)
+  stream = stream if stream is not None else io.StringIO()
+  rec = executor.Recorder(pl, None, stream)
+  executor.execute(pl, None, {}, rec, False, stream)
+  (key,) = rec.results
+  return rec.results[key], pl
+
+
+def record(key: dict, res, pl, *, label: Optional[str] = None) -> dict:
+  """The raw record of one finished run: its ``key``, algorithm (``label`` or the
+  registry name), hyperparameters, data (:func:`data_record`), status, final metrics,
+  history (one entry per evaluation), seconds, execution strategy, the paper protocol's
+  selections and the code's provenance."""
+  from fedjax_inv.runner import experiment, simulation
+  name = pl.algos[0]
+  rec = {"key": json.loads(json.dumps(key, default=str)), "algorithm": label or name,
+         "registry_name": name, "hparams": pl.built[pl.names[0]].hparams,
+         "data": data_record(pl.task)}
+  if isinstance(res, simulation.DivergedError):
+    rec.update(status="diverged", diverged_round=res.round, final=None, history=res.history)
+  else:
+    rec.update(status="ok", final=res.final, history=res.history,
+               seconds=round(res.seconds, 2), execution=res.strategy, **res.report())
+  rec["provenance"] = experiment.provenance()
+  return rec
+
+
+def run_record(path, key: dict, cfg: dict, seed: int, *, task=None, overrides=None,
+               data_seed=None, label: Optional[str] = None) -> dict:
+  """The record of one run at ``path``: read back when the file holds the same ``key``
+  (a resumed spec), else run (:func:`run_one`) and written atomically."""
+  path = pathlib.Path(path)
+  key = json.loads(json.dumps(key, default=str))  # as it reads back from the file
+  if path.is_file():
+    old = json.loads(path.read_text())
+    if old.get("key") == key:
+      return old
+  res, pl = run_one(cfg, seed, task=task, overrides=overrides, data_seed=data_seed)
+  rec = record(key, res, pl, label=label)
+  outputs.write_json(path, rec)
+  return rec
+
+
+def check_runs(runs) -> None:
+  """Checks every run's configuration as ``fedjax-inv run`` does before loading data
+  (keys, kinds, ranges, registered names), so that a typo in run 300 fails before run 1.
+
+  Raises:
+    ValueError: the run's group/name, then ``fedjax-inv run``'s message.
+  """
+  from fedjax_inv.runner import config
+  for r in runs:
+    try:
+      cfg = r.cfg
+      unknown = sorted(set(cfg) - set(config.RUN_KEYS))
+      if unknown:
+        raise ValueError(f"unknown key(s) {unknown}; a run has the keys of fedjax-inv run "
+                         "(fedjax-inv run --help).")
+      config.check_names(config.check_run_config(cfg))
+    except ValueError as e:
+      raise ValueError(f"spec run {r.group}/{r.name}: {e}") from None
+
+
+def run_key(spec: Spec, run: RunSpec, seed: int) -> dict:
+  """A record's key: the run's group, name, configuration, seed and data seed."""
+  return {"group": run.group, "name": run.name, "config": dict(run.config),
+          "seed": int(seed), "data_seed": spec.data_seed}
+
+
+def execute_spec(spec: Spec, out, *, where: Optional[dict] = None, seeds=None,
+                 stream=None) -> list:
+  """Runs every selected (run, seed) of ``spec`` whose record is not in ``out`` yet
+  (resume: a record with the same key is kept) and returns the records, in spec order.
+
+  Args:
+    spec: a :class:`Spec`.
+    out: the results folder (records go to ``spec.record`` under it).
+    where: ``{axis: [option labels]}`` to run a part (:meth:`Spec.select`).
+    seeds: a subset of the spec's seeds (default: all of them).
+    stream: where a line per run goes (default stdout).
+
+  Raises:
+    ValueError: a seed that is not the spec's, or a bad ``where``; before anything runs.
+  """
+  stream = stream or sys.stdout
+  runs = spec.select(where)
+  seeds = list(spec.seeds if seeds is None else seeds)
+  bad = sorted(set(seeds) - set(spec.seeds))
+  if bad:
+    raise ValueError(f"--seeds {','.join(map(str, bad))}: not seeds of this spec "
+                     f"({', '.join(map(str, spec.seeds))}).")
+  check_runs(runs)
+  out = pathlib.Path(out)
+  todo = [(r, s) for s in seeds for r in runs]
+  records = []
+  for i, (run, s) in enumerate(todo):
+    path, key = spec.record_path(out, run, s), run_key(spec, run, s)
+    kept = path.is_file() and json.loads(path.read_text()).get("key") == json.loads(
+        json.dumps(key))
+    rec = run_record(path, key, run.cfg, s,
+                     data_seed=None if spec.data_seed == "each" else spec.data_seed)
+    records.append(rec)
+    final = rec.get("final")
+    shown = "diverged" if final is None else " ".join(
+        f"{k}={v:.4f}" for k, v in final.items()
+        if k.endswith(("_accuracy", "_mse")) and "client" not in k)
+    print(f"[{i + 1}/{len(todo)}] {run.group}/{run.name} seed {s}: {shown}"
+          + (" (kept)" if kept else f" ({rec.get('seconds', 0):.0f}s)"),
+          file=stream, flush=True)
+  return records
+
+
+def load_records(spec: Spec, out, *, where: Optional[dict] = None) -> list:
+  """The records of ``spec`` present under ``out`` (selected runs × seeds, spec order;
+  absent ones skipped)."""
+  recs = []
+  for s in spec.seeds:
+    for run in spec.select(where):
+      p = spec.record_path(out, run, s)
+      if p.is_file():
+        recs.append(json.loads(p.read_text()))
+  return recs
+
+
+def parse_where(items) -> dict:
+  """``{axis: [labels]}`` from ``AXIS=L1,L2`` items (``--where``).
+
+  Raises:
+    ValueError: an item without ``=``, naming it and the form to use.
+  """
+  where: dict = {}
+  for item in items or []:
+    axis, eq, labels = str(item).partition("=")
+    if not eq or not axis.strip() or not labels.strip():
+      raise ValueError(f"--where {item!r}: use AXIS=LABEL[,LABEL...], e.g. --where "
+                       "fraction=0.1 or --where group=stragglers.")
+    where.setdefault(axis.strip(), []).extend(v.strip() for v in labels.split(","))
+  return where

@@ -1,0 +1,180 @@
+"""Experiments as specs (fedjax_inv/runner/spec.py, ``fedjax-inv experiment``).
+
+What must hold: a spec expands into the product of its axes, each run's configuration
+is base < group config < options in axis order; a bad spec or run configuration is
+refused before anything runs, naming the key; every run goes through the executor of
+``fedjax-inv run`` and equals ``simulation.run`` called directly; a record already on disk
+with the same key is kept (resume); ``fedjax-inv tune`` runs through the same executor;
+the committed robustness spec expands to the 444 runs of its README.
+"""
+import json
+import pathlib
+
+import chex
+import numpy as np
+import pytest
+
+from fedjax_inv.runner import executor, spec, tuning
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+TASK_ARG = ["n_per_client=40", "n_ood=20"]
+BASE = {"task": "synthetic_hospital", "task_arg": TASK_ARG, "rounds": 3, "eval_every": 1,
+        "local_steps": 2, "batch_size": 8}
+
+
+def _doc(**kw):
+  doc = {"base": dict(BASE), "seeds": [0, 1], "groups": [
+      {"group": "g", "name": "{algorithm}-{lr}",
+       "axes": {"algorithm": {"fedavg": {"algorithm": "fedavg"},
+                              "fedprox": {"algorithm": "fedprox", "hp": ["mu=0.1"]}},
+                "lr": {"0.1": {"lr": 0.1}, "0.3": {"lr": 0.3}}}}]}
+  doc.update(kw)
+  return doc
+
+
+def test_spec_is_the_product_of_its_axes_with_options_last():
+  sp = spec.parse_spec(_doc())
+  assert [r.name for r in sp.runs] == ["fedavg-0.1", "fedavg-0.3", "fedprox-0.1",
+                                       "fedprox-0.3"]
+  r = sp.runs[3]
+  assert r.cfg == {**BASE, "algorithm": "fedprox", "hp": ["mu=0.1"], "lr": 0.3}
+  assert dict(r.labels) == {"algorithm": "fedprox", "lr": "0.3"}
+  # a group's config sits between base and the options
+  doc = _doc()
+  doc["groups"][0]["config"] = {"rounds": 5, "lr": 9.0}
+  assert {r.cfg["rounds"] for r in spec.parse_spec(doc).runs} == {5}
+  assert {r.cfg["lr"] for r in spec.parse_spec(doc).runs} == {0.1, 0.3}
+  assert [r.name for r in sp.select({"algorithm": ["fedprox"], "lr": ["0.1"]})] == [
+      "fedprox-0.1"]
+  assert sp.record_path(pathlib.Path("o"), r, 1) == pathlib.Path("o/g/fedprox-0.3/seed1.json")
+
+
+@pytest.mark.parametrize("change, match", [
+    (dict(base={"x": 1}, groups=None), r"groups: give a list"),
+    (dict(extra=1), r"\['extra'\]: unknown key"),
+    (dict(seeds=[0, 0]), r"seeds \[0, 0\]: give a list of distinct integers"),
+    (dict(data_seed="first"), r"data_seed 'first': use 'each'"),
+])
+def test_a_bad_spec_names_the_key_and_the_fix(change, match):
+  doc = _doc()
+  doc.update(change)
+  with pytest.raises(ValueError, match=match):
+    spec.parse_spec(doc)
+
+
+def test_bad_group_and_where_and_run_config_are_refused_before_running():
+  doc = _doc()
+  doc["groups"][0]["name"] = "{algorithm}"  # lr missing from the name: two runs collide
+  with pytest.raises(ValueError, match=r"two runs are named g/fedavg"):
+    spec.parse_spec(doc)
+  doc["groups"][0]["name"] = "{algo}-{lr}"
+  with pytest.raises(ValueError, match=r"'algo' is not an axis of the group"):
+    spec.parse_spec(doc)
+  sp = spec.parse_spec(_doc())
+  with pytest.raises(ValueError, match=r"no axis 'alg'.*algorithm, group, lr"):
+    sp.select({"alg": ["fedavg"]})
+  with pytest.raises(ValueError, match=r"--where lr=0.2: not an option of axis 'lr'"):
+    sp.select({"lr": ["0.2"]})
+  with pytest.raises(ValueError, match=r"--where 'lr': use AXIS=LABEL"):
+    spec.parse_where(["lr"])
+  bad = _doc()
+  bad["base"]["rounds"] = 0
+  with pytest.raises(ValueError, match=r"spec run g/fedavg-0.1: .*rounds"):
+    spec.check_runs(spec.parse_spec(bad).runs)
+  bad = _doc()
+  bad["base"]["learning_rate"] = 0.1
+  with pytest.raises(ValueError, match=r"unknown key\(s\) \['learning_rate'\]"):
+    spec.check_runs(spec.parse_spec(bad).runs)
+
+
+def _direct(cfg, seed):
+  """The reference: the task and algorithm built by hand, ``simulation.run`` called
+  directly (no planner, no executor)."""
+  from fedjax_inv.algorithms import make_algorithm
+  from fedjax_inv.runner import simulation
+  from fedjax_inv.tasks import make_task
+  task = make_task("synthetic_hospital", seed=seed, n_per_client=40, n_ood=20)
+  alg = make_algorithm(cfg["algorithm"], **task.algorithm_settings(
+      cfg["algorithm"], dict(client_lr=cfg["lr"], local_steps=2, batch_size=8,
+                             **({"mu": 0.1} if cfg["algorithm"] == "fedprox" else {}))))
+  return simulation.run(task, alg, rounds=3, seed=seed, eval_every=1, progress=False)
+
+
+def test_spec_runs_go_through_the_executor_equal_a_direct_run_and_resume(tmp_path,
+                                                                          monkeypatch):
+  sp = spec.parse_spec(_doc(seeds=[2]))
+  calls = []
+  real = executor.execute
+  monkeypatch.setattr(executor, "execute", lambda *a, **k: calls.append(1) or real(*a, **k))
+  recs = spec.execute_spec(sp, tmp_path, where={"lr": ["0.3"]})
+  assert len(calls) == 2 and [r["key"]["name"] for r in recs] == ["fedavg-0.3",
+                                                                  "fedprox-0.3"]
+  for run, rec in zip(sp.select({"lr": ["0.3"]}), recs):
+    ref = _direct(run.cfg, 2)
+    chex.assert_trees_all_close(rec["final"], json.loads(json.dumps(ref.final)), rtol=1e-6)
+    assert rec["hparams"]["client_lr"] == 0.3 and rec["status"] == "ok"
+    assert rec["data"]["train_clients"] == 2 and rec["provenance"]["git_commit"]
+    on_disk = json.loads(sp.record_path(tmp_path, run, 2).read_text())
+    assert on_disk["key"] == {"group": "g", "name": run.name, "config": run.cfg,
+                              "seed": 2, "data_seed": "each"}
+  # resume: the same key is kept, nothing runs; a changed run runs again
+  monkeypatch.setattr(executor, "execute", lambda *a, **k: pytest.fail("ran again"))
+  assert spec.execute_spec(sp, tmp_path, where={"lr": ["0.3"]}) == recs
+  changed = _doc(seeds=[2])
+  changed["base"]["rounds"] = 2
+  with pytest.raises(BaseException, match="ran again"):
+    spec.execute_spec(spec.parse_spec(changed), tmp_path, where={"lr": ["0.3"]})
+  with pytest.raises(ValueError, match=r"--seeds 5: not seeds of this spec \(2\)"):
+    spec.execute_spec(sp, tmp_path, seeds=[5])
+
+
+def test_tuning_runs_through_the_executor(tmp_path, monkeypatch):
+  calls = []
+  real = executor.execute
+  monkeypatch.setattr(executor, "execute", lambda *a, **k: calls.append(1) or real(*a, **k))
+  task = tuning._task("synthetic_hospital", 0, {"n_per_client": 40, "n_ood": 20}, 0.1)
+  rec = tuning._run_one(tmp_path / "r.json", {"seed": 0, "settings": {"client_lr": 0.2}},
+                        task, "fedavg", {"client_lr": 0.2},
+                        dict(rounds=2, eval_every=1, clients_per_round=None,
+                             progress=False))
+  assert calls == [1] and rec["hparams"]["client_lr"] == 0.2
+  assert set(rec["final"]) >= {"val_accuracy", "ood_accuracy"}
+  assert json.loads((tmp_path / "r.json").read_text())["final"] == rec["final"]
+
+
+def test_the_robustness_spec_expands_to_its_readme_runs():
+  sp = spec.load_spec(ROOT / "experiments" / "robustness" / "spec.yaml")
+  spec.check_runs(sp.runs)
+  assert len(sp.runs) * len(sp.seeds) == 444
+  names = {r.name for r in sp.runs}
+  assert {"mean-none-0", "bucketing2+krum-ipm-0.3", "fedprox-0.9-drop",
+          "fednova-0-keep"} <= names
+  r = next(r for r in sp.runs if r.name == "bucketing2+krum-alie-0.1")
+  assert r.cfg["aggregator"] == "krum:f=3" and r.cfg["bucketing"] == 2
+  assert r.cfg["attack"] == "alie" and r.cfg["attack_fraction"] == 0.1
+
+
+def test_experiment_cli_dry_run_lists_the_runs_and_refuses_a_bad_where(capsys):
+  from fedjax_inv import cli
+  path = str(ROOT / "experiments" / "robustness" / "spec.yaml")
+  assert cli.main(["experiment", path, "--dry-run", "--where", "group=stragglers",
+                   "--where", "fraction=0.9"]) == 0
+  out = capsys.readouterr().out
+  assert "6 runs × 3 seeds = 18 records" in out
+  assert "stragglers/fedprox-0.9-drop: " in out and "--hp mu=0.1" in out
+  assert cli.main(["experiment", path, "--where", "fraction=0.4"]) == 2
+  assert "not an option of axis 'fraction'" in capsys.readouterr().err
+
+
+def test_noniid_task_mlp_model_and_its_errors():
+  from fedjax_inv.tasks import make_task
+  t = make_task("mnist_noniid", num_clients=4, model="mlp", hidden=[16], n_train=200,
+                n_test=50)
+  assert t.info["model"] == "MLP 784-16-10"
+  params = t.model.init(0)
+  sizes = sorted(int(np.prod(p.shape)) for p in __import__("jax").tree.leaves(params))
+  assert sizes == sorted([784 * 16, 16, 16 * 10, 10])
+  with pytest.raises(ValueError, match=r"model='vit'; choose 'cnn'"):
+    make_task("mnist_noniid", model="vit")
+  with pytest.raises(ValueError, match=r"hidden=\[0\]; give the MLP's hidden widths"):
+    make_task("mnist_noniid", model="mlp", hidden=[0])
