@@ -16,7 +16,7 @@ whose update holds inf or NaN has no influence on the aggregate nor on its gradi
 from __future__ import annotations
 
 import functools
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -604,3 +604,49 @@ def and_mask_aggregator(base: Aggregator, tau) -> Aggregator:
   updates).
   """
   return masking_aggregator(base, tau, "and_mask", carry_mask=False)
+
+
+# ---------------------------------------------------------------------------------------
+# Client-level DP's clipped mean (the noise and the accountant: fedjax_inv/privacy)
+# ---------------------------------------------------------------------------------------
+
+DP_CONTEXT = "dp"  # the extras key under which client_dp's stage keeps the adaptive clip
+
+
+def clipped_mean(clip: float, expected_cohort: Optional[float] = None,
+                 adaptive: bool = False) -> Aggregator:
+  """Mean of the client updates, each clipped to L2 norm ``clip``, over a fixed
+  denominator: ``(Σ_k Δ_k · min(1, C / ‖Δ_k‖)) / E``.
+
+  ``‖·‖`` is the norm of all leaves together. A client of weight 0 (an empty slot of a
+  Poisson cohort) is absent: it adds nothing, even when its ``Δ_k`` holds inf/NaN. ``E``
+  is ``expected_cohort`` (Poisson sampling: ``q N``), or, when None (fixed-size sampling,
+  every slot present), the number of present clients, which is then always ``C``. The
+  noise of DP-FedAvg is ``fedjax_inv.privacy.client_dp.dp_component``'s. With
+  ``adaptive``, ``C`` is the round's adaptive clip norm ``ctx.extras['dp']['clip']`` (the
+  lift reads the client's context; ``client_dp`` sets it).
+  Shapes: one client's update pytree (no client axis); the engine sums the lifted
+  statistics over the client axis.
+
+  Source: McMahan et al. 2018, Alg. 1 (``ClipFn`` flat clipping; the fixed-denominator
+  estimator ``Σ Δ̃_k / (q W)`` with uniform weights).
+  """
+  def lift(delta, weight, ctx=None):
+    present = weight > 0
+    safe = jax.tree.map(lambda m: jnp.where(present, m, jnp.zeros_like(m)), delta)
+    bound = ctx.extras[DP_CONTEXT]["clip"] if adaptive else clip
+    scale = jnp.minimum(1.0, bound / jnp.maximum(optax.tree.norm(safe),
+                                                 jnp.finfo(jnp.float32).tiny))
+    clipped = jax.tree.map(lambda m: jnp.where(present, scale * m, jnp.zeros_like(m)), safe)
+    return clipped, present.astype(jnp.float32)
+
+  lift.reads_context = adaptive
+
+  def finalize(stats):
+    total, count = stats
+    denominator = count if expected_cohort is None else jnp.float32(expected_cohort)
+    nonempty = denominator > 0
+    safe = jnp.where(nonempty, denominator, jnp.ones_like(denominator))
+    return jax.tree.map(lambda t: jnp.where(nonempty, t / safe, jnp.zeros_like(t)), total)
+
+  return Aggregator(lift, finalize, f"clipped_mean[C={clip}]")

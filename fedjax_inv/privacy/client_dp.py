@@ -12,7 +12,8 @@ One round, inside the jitted round, on the client axis:
                                                   cohort, or q·N under Poisson sampling)
 
 (computed as ``S / E + N(0, (σC/E)² I)``, the same distribution: the aggregator
-:func:`clipped_mean` divides, the server stage :func:`dp_component` adds the noise)
+:func:`fedjax_inv.aggregation.aggregators.clipped_mean` divides, the server stage
+:func:`dp_component` adds the noise)
 
 then the algorithm's own server stages and server optimizer on ``Δ``. The noise is drawn
 from the run's key (``Context.key``, derived from the seed and the round), so a run is
@@ -51,10 +52,12 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from fedjax_inv.aggregation.aggregators import DP_CONTEXT
+from fedjax_inv.aggregation.aggregators import clipped_mean  # noqa: F401  (re-exported)
 from fedjax_inv.core.aggregator import Aggregator
 from fedjax_inv.core.algorithm import Component
 
-NAME = "dp"
+NAME = DP_CONTEXT  # the component's name and its extras key
 ACCOUNTANTS = ("rdp", "pld")
 SAMPLINGS = ("fixed", "poisson")
 # What a method's other messages carry (privacy.not_covered in summary.json).
@@ -137,44 +140,6 @@ class DPSettings:
       raise ValueError(f"--dp-clip inf with --dp-noise-multiplier {self.noise_multiplier}: "
                        "noise sigma*C would be infinite; give a finite clip.")
     return self
-
-
-def clipped_mean(clip: float, expected_cohort: Optional[float] = None,
-                 adaptive: bool = False) -> Aggregator:
-  """Mean of the client updates, each clipped to L2 norm ``clip``, over a fixed
-  denominator: ``(Σ_k Δ_k · min(1, C / ‖Δ_k‖)) / E``.
-
-  ``‖·‖`` is the norm of all leaves together. A client of weight 0 (an empty slot of a
-  Poisson cohort) is absent: it adds nothing, even when its ``Δ_k`` holds inf/NaN. ``E``
-  is ``expected_cohort`` (Poisson sampling: ``q N``), or, when None (fixed-size sampling,
-  every slot present), the number of present clients, which is then always ``C``. The
-  noise of DP-FedAvg is :func:`dp_component`'s. With ``adaptive``, ``C`` is the round's
-  adaptive clip norm ``ctx.extras['dp']['clip']`` (the lift reads the client's context).
-  Shapes: one client's update pytree (no client axis); the engine sums the lifted
-  statistics over the client axis.
-
-  Source: McMahan et al. 2018, Alg. 1 (``ClipFn`` flat clipping; the fixed-denominator
-  estimator ``Σ Δ̃_k / (q W)`` with uniform weights).
-  """
-  def lift(delta, weight, ctx=None):
-    present = weight > 0
-    safe = jax.tree.map(lambda m: jnp.where(present, m, jnp.zeros_like(m)), delta)
-    bound = ctx.extras[NAME]["clip"] if adaptive else clip
-    scale = jnp.minimum(1.0, bound / jnp.maximum(optax.tree.norm(safe),
-                                                 jnp.finfo(jnp.float32).tiny))
-    clipped = jax.tree.map(lambda m: jnp.where(present, scale * m, jnp.zeros_like(m)), safe)
-    return clipped, present.astype(jnp.float32)
-
-  lift.reads_context = adaptive
-
-  def finalize(stats):
-    total, count = stats
-    denominator = count if expected_cohort is None else jnp.float32(expected_cohort)
-    nonempty = denominator > 0
-    safe = jnp.where(nonempty, denominator, jnp.ones_like(denominator))
-    return jax.tree.map(lambda t: jnp.where(nonempty, t / safe, jnp.zeros_like(t)), total)
-
-  return Aggregator(lift, finalize, f"clipped_mean[C={clip}]")
 
 
 def dp_component(clip: float, noise_multiplier: float, expected_cohort: float,
