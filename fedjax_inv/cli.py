@@ -360,14 +360,14 @@ def cmd_experiment(args) -> int:
     except ValueError as e:
       raise ValueError(f"--seeds {args.seeds!r}: give comma-separated integers, e.g. "
                        "0,1.") from e
-  out = pathlib.Path(args.out) if args.out else sp.path.parent / "results"
+  out = pathlib.Path(args.out) if args.out else sp.path.parent
   n = len(runs) * len(seeds or sp.seeds)
   print(f"{sp.path}: {len(runs)} runs × {len(seeds or sp.seeds)} seeds = {n} records "
         f"in {out}/" + (" (dry run: nothing trained)" if args.dry_run else ""))
   if args.dry_run:
     import shlex
     for r in runs:
-      print(f"  {r.group}/{r.name}: " + " ".join(
+      print(f"  {r.group + '/' if r.group else ''}{r.name}: " + " ".join(
           f"--{k.replace('_', '-')} {shlex.quote(str(v))}" for k, vs in r.config
           for v in (vs if isinstance(vs, list) else [vs])))
     return 0
@@ -445,7 +445,8 @@ def main(argv=None) -> int:
   ex = sub.add_parser("experiment", help="run an experiment spec (spec.yaml: runs × seeds) "
                       "through the same executor as run; resumes")
   ex.add_argument("spec", help="the spec file, e.g. experiments/robustness/spec.yaml")
-  ex.add_argument("--out", help="the results folder; default: results/ beside the spec")
+  ex.add_argument("--out", help="the folder the spec's record paths are relative to; "
+                  "default: the spec's own folder")
   ex.add_argument("--where", action="append", default=[], metavar="AXIS=LABEL[,LABEL]",
                   help="run only the runs with these options (repeatable), e.g. "
                   "fraction=0.1 or group=stragglers; default: every run")

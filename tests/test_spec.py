@@ -46,7 +46,8 @@ def test_spec_is_the_product_of_its_axes_with_options_last():
   assert {r.cfg["lr"] for r in spec.parse_spec(doc).runs} == {0.1, 0.3}
   assert [r.name for r in sp.select({"algorithm": ["fedprox"], "lr": ["0.1"]})] == [
       "fedprox-0.1"]
-  assert sp.record_path(pathlib.Path("o"), r, 1) == pathlib.Path("o/g/fedprox-0.3/seed1.json")
+  assert sp.record_path(pathlib.Path("o"), r, 1) == pathlib.Path(
+      "o/results/g/fedprox-0.3/seed1.json")
 
 
 @pytest.mark.parametrize("change, match", [
@@ -178,3 +179,13 @@ def test_noniid_task_mlp_model_and_its_errors():
     make_task("mnist_noniid", model="vit")
   with pytest.raises(ValueError, match=r"hidden=\[0\]; give the MLP's hidden widths"):
     make_task("mnist_noniid", model="mlp", hidden=[0])
+
+
+def test_every_committed_spec_checks():
+  specs = sorted(ROOT.glob("experiments/*/*.yaml"))
+  assert {p.name for p in specs} >= {"spec.yaml", "dp_sgd.yaml"}
+  for p in specs:
+    sp = spec.load_spec(p)
+    spec.check_runs(sp.runs)
+    paths = {sp.record_path(p.parent, r, s) for r in sp.runs for s in sp.seeds}
+    assert len(paths) == len(sp.runs) * len(sp.seeds), p  # no two records share a file

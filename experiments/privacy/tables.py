@@ -4,8 +4,8 @@
 ``<!-- table:privacy/NAME -->`` blocks from :data:`TABLES`:
 
 * ``dp_fedavg``: client-level DP-FedAvg (``run.py``), from ``results_r100/raw/``;
-* ``dp_sgd``: sample-level DP-SGD on the client (``dp_sgd.py``), from
-  ``results_dp_sgd_r30/raw/``.
+* ``dp_sgd``: sample-level DP-SGD on the client (the spec ``dp_sgd.yaml``, run by
+  ``fedjax-inv experiment``), from ``results_dp_sgd_r30/raw/``.
 
 Divergence (:func:`diverged`): a run counts as diverged, not "ok", when the simulator
 stopped it (``status`` "diverged": a non-finite value), when it has no final metrics, or
@@ -111,9 +111,9 @@ def plot(out: pathlib.Path) -> pathlib.Path:
   return path
 
 
-# --- sample-level DP-SGD (dp_sgd.py) ---------------------------------------------------
+# --- sample-level DP-SGD (dp_sgd.yaml) -------------------------------------------------
 
-# (label, run-name prefix, clip C, σ), in dp_sgd.py's SETTINGS order
+# (label, run name, clip C, σ), in dp_sgd.yaml's order
 DP_SGD_SETTINGS = (("no DP", "nodp", None, 0.0), ("clip only", "clip1-sigma0", 1.0, 0.0),
                    ("DP-SGD", "clip1-sigma0.6", 1.0, 0.6), ("DP-SGD", "clip1-sigma1", 1.0, 1.0),
                    ("DP-SGD", "clip1-sigma2", 1.0, 2.0))
@@ -127,14 +127,17 @@ def dp_sgd_table(out: pathlib.Path = HERE / "results_dp_sgd_r30") -> str:
             for p in sorted((out / "raw").glob(f"{name}-seed*.json"))]
     if not recs:
       continue
-    assert all(r["clip"] == clip and r["sigma"] == sigma for r in recs), name
+    assert all(r["key"]["config"].get("dp_sgd_clip") == clip and
+               r["key"]["config"].get("dp_sgd_noise_multiplier", 0.0) == sigma
+               for r in recs), name
     eps = recs[0]["privacy"]["sample_level"]["epsilon"] if clip is not None else math.inf
     ok = [r for r in recs if not diverged(r)]
     rows.append(f"| {label} | {'–' if clip is None else f'{clip:g}'} | {sigma:g} | "
                 f"{'∞' if math.isinf(eps) else f'{eps:.2f}'} | {len(ok)} / {len(recs)} | "
                 f"{format_mean_std(_vals(recs, 'train_accuracy'))} | "
                 f"{format_mean_std(_vals(recs, 'test_accuracy'))} |")
-  rounds = sorted({json.loads(p.read_text())["rounds"] for p in (out / "raw").glob("*.json")})
+  rounds = sorted({json.loads(p.read_text())["key"]["config"]["rounds"]
+                   for p in (out / "raw").glob("*.json")})
   caption = (f"Final round ({', '.join(map(str, rounds))}); ± = sample std over seeds "
              f"(ddof 1); divergence as in the table above. Raw: `{out.relative_to(HERE)}/raw/`.")
   return caption + "\n\n" + "\n".join(rows)

@@ -17,7 +17,7 @@ A spec (YAML; every key but ``groups`` optional)::
     task_arg: [num_clients=20, model=mlp]
   seeds: [0, 1, 2]           # the training seeds of every run
   data_seed: each            # each seed's data from that seed, or an int: one split
-  record: "raw/{group}/{name}-seed{seed}.json"   # each record's path in the results
+  record: "results/raw/{group}/{name}-seed{seed}.json"  # relative to the spec's folder
   x-aggregators: &aggs       # keys starting 'x-' are ignored: a place for YAML anchors
     mean: {aggregator: mean}
     krum: {aggregator: "krum:f=4"}
@@ -52,7 +52,7 @@ import numpy as np
 
 from fedjax_inv.runner import outputs
 
-DEFAULT_RECORD = "{group}/{name}/seed{seed}.json"
+DEFAULT_RECORD = "results/{group}/{name}/seed{seed}.json"
 SPEC_KEYS = ("description", "base", "seeds", "data_seed", "record", "groups")
 GROUP_KEYS = ("group", "name", "config", "axes")
 
@@ -85,7 +85,8 @@ class Spec:
   runs: tuple
 
   def record_path(self, out: pathlib.Path, run: RunSpec, seed: int) -> pathlib.Path:
-    """Where the record of ``(run, seed)`` goes under the results folder ``out``."""
+    """Where the record of ``(run, seed)`` goes: ``record`` formatted, under ``out``
+    (``fedjax-inv experiment``'s default: the spec's own folder)."""
     return pathlib.Path(out) / self.record.format(group=run.group, name=run.name,
                                                   seed=int(seed))
 
@@ -322,7 +323,7 @@ def execute_spec(spec: Spec, out, *, where: Optional[dict] = None, seeds=None,
 
   Args:
     spec: a :class:`Spec`.
-    out: the results folder (records go to ``spec.record`` under it).
+    out: the folder the record paths (``spec.record``) are relative to.
     where: ``{axis: [option labels]}`` to run a part (:meth:`Spec.select`).
     seeds: a subset of the spec's seeds (default: all of them).
     stream: where a line per run goes (default stdout).
