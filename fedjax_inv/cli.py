@@ -367,7 +367,7 @@ def cmd_experiment(args) -> int:
   if args.dry_run:
     import shlex
     for r in runs:
-      print(f"  {r.group + '/' if r.group else ''}{r.name}: " + " ".join(
+      print(f"  {r.label}: " + " ".join(
           f"--{k.replace('_', '-')} {shlex.quote(str(v))}" for k, vs in r.config
           for v in (vs if isinstance(vs, list) else [vs])))
     return 0

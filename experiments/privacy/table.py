@@ -1,4 +1,4 @@
-"""The privacy-utility table and plot from experiments/privacy/run.py's raw per-run files.
+"""The privacy-utility table and plot from the raw records of experiments/privacy/dp_fedavg.yaml.
 
 The table code (and the divergence criterion) lives in ``tables.py``, which also renders
 the README's generated blocks (``python experiments/fair.py tables --only privacy``).

@@ -3,7 +3,8 @@
 ``python experiments/fair.py tables --only privacy`` rewrites the README's
 ``<!-- table:privacy/NAME -->`` blocks from :data:`TABLES`:
 
-* ``dp_fedavg``: client-level DP-FedAvg (``run.py``), from ``results_r100/raw/``;
+* ``dp_fedavg``: client-level DP-FedAvg (the spec ``dp_fedavg.yaml``, run by
+  ``fedjax-inv experiment``), from ``results_r100/raw/``;
 * ``dp_sgd``: sample-level DP-SGD on the client (the spec ``dp_sgd.yaml``, run by
   ``fedjax-inv experiment``), from ``results_dp_sgd_r30/raw/``.
 
@@ -45,14 +46,18 @@ def _vals(runs: list, key: str) -> list:
   return [math.nan if diverged(r) else r["final"][key] for r in runs]
 
 
-# --- client-level DP-FedAvg (run.py) ---------------------------------------------------
+# --- client-level DP-FedAvg (dp_fedavg.yaml) -------------------------------------------
 
 def load(out: pathlib.Path) -> dict:
-  """{(method, target ε): [run records]} of ``out/raw/<method>/eps<ε>-seed<s>.json``."""
+  """{(method, target ε): [records]} of ``out/raw/<method>/eps<ε>-seed<s>.json`` (the
+  spec's run names are ``<method>/eps<ε>``), seeds in order."""
   runs = {}
   for f in sorted(out.glob("raw/*/*.json")):
     r = json.loads(f.read_text())
-    runs.setdefault((r["method"], r["epsilon_target"]), []).append(r)
+    method, eps = r["key"]["name"].split("/eps")
+    runs.setdefault((method, float(eps)), []).append(r)
+  for rs in runs.values():
+    rs.sort(key=lambda r: r["key"]["seed"])
   return runs
 
 
@@ -76,7 +81,7 @@ def dp_fedavg_table(out: pathlib.Path = HERE / "results_r100") -> str:
       lines.append(f"| {m} | {e:g} | {sigma} | {spent} | {len(ok)} / {len(every)} | "
                    f"{format_mean_std(_vals(every, 'train_accuracy'))} | "
                    f"{format_mean_std(_vals(every, 'test_accuracy'))} |")
-  rounds = sorted({r["rounds"] for rs in runs.values() for r in rs})
+  rounds = sorted({r["key"]["config"]["rounds"] for rs in runs.values() for r in rs})
   caption = (f"Final round ({', '.join(map(str, rounds))}). A run counts as ok unless it "
              "diverged: stopped on a "
              f"non-finite value, or a final training loss above {DIVERGED_LOSS_FACTOR:g} × "

@@ -68,6 +68,11 @@ class RunSpec:
   config: tuple  # sorted (key, value) items: hashable and immutable
 
   @property
+  def label(self) -> str:
+    """``group/name`` (``name`` alone for a run without a group)."""
+    return f"{self.group}/{self.name}" if self.group else self.name
+
+  @property
   def cfg(self) -> dict:
     """The run's configuration as a fresh dict."""
     return json.loads(json.dumps(dict(self.config)))
@@ -307,7 +312,7 @@ def check_runs(runs) -> None:
                          "(fedjax-inv run --help).")
       config.check_names(config.check_run_config(cfg))
     except ValueError as e:
-      raise ValueError(f"spec run {r.group}/{r.name}: {e}") from None
+      raise ValueError(f"spec run {r.label}: {e}") from None
 
 
 def run_key(spec: Spec, run: RunSpec, seed: int) -> dict:
@@ -353,7 +358,7 @@ def execute_spec(spec: Spec, out, *, where: Optional[dict] = None, seeds=None,
     shown = "diverged" if final is None else " ".join(
         f"{k}={v:.4f}" for k, v in final.items()
         if k.endswith(("_accuracy", "_mse")) and "client" not in k)
-    print(f"[{i + 1}/{len(todo)}] {run.group}/{run.name} seed {s}: {shown}"
+    print(f"[{i + 1}/{len(todo)}] {run.label} seed {s}: {shown}"
           + (" (kept)" if kept else f" ({rec.get('seconds', 0):.0f}s)"),
           file=stream, flush=True)
   return records
