@@ -83,6 +83,11 @@ def test_bad_group_and_where_and_run_config_are_refused_before_running():
   with pytest.raises(ValueError, match=r"spec run g/fedavg-0.1: .*rounds"):
     spec.check_runs(spec.parse_spec(bad).runs)
   bad = _doc()
+  bad["base"]["seed"] = 3
+  with pytest.raises(ValueError, match=r"'seed' is not a key of a spec run; use the spec's "
+                     "'seeds' list"):
+    spec.check_runs(spec.parse_spec(bad).runs)
+  bad = _doc()
   bad["base"]["learning_rate"] = 0.1
   with pytest.raises(ValueError, match=r"unknown key\(s\) \['learning_rate'\]"):
     spec.check_runs(spec.parse_spec(bad).runs)
@@ -127,6 +132,14 @@ def test_spec_runs_go_through_the_executor_equal_a_direct_run_and_resume(tmp_pat
     spec.execute_spec(spec.parse_spec(changed), tmp_path, where={"lr": ["0.3"]})
   with pytest.raises(ValueError, match=r"--seeds 5: not seeds of this spec \(2\)"):
     spec.execute_spec(sp, tmp_path, seeds=[5])
+  # a file that is not a record is never overwritten
+  (tmp_path / "mine").mkdir()
+  other = sp.record_path(tmp_path / "mine", sp.runs[0], 2)
+  other.parent.mkdir(parents=True)
+  other.write_text('{"notes": "a user file"}')
+  with pytest.raises(ValueError, match=r"is not a run record \(no 'key'\); refusing"):
+    spec.execute_spec(sp, tmp_path / "mine", where={"lr": ["0.1"]})
+  assert json.loads(other.read_text()) == {"notes": "a user file"}
 
 
 def test_tuning_runs_through_the_executor(tmp_path, monkeypatch):

@@ -54,6 +54,13 @@ from fedjax_inv.runner import outputs
 
 DEFAULT_RECORD = "results/{group}/{name}/seed{seed}.json"
 SPEC_KEYS = ("description", "base", "seeds", "data_seed", "record", "groups")
+# fedjax-inv run keys a spec run may not set: the spec's own seeds, record paths and resume
+# take their place.
+NOT_IN_A_RUN = {"seed": "the spec's 'seeds' list", "seeds": "the spec's 'seeds' list",
+                "out": "the spec's 'record' path", "resume": "re-running the spec",
+                "overwrite": "removing the record file", "dry_run": "--dry-run",
+                "checkpoint_every": "re-running the spec (a record is written when its "
+                                    "run ends)"}
 GROUP_KEYS = ("group", "name", "config", "axes")
 
 
@@ -282,12 +289,24 @@ def record(key: dict, res, pl, *, label: Optional[str] = None) -> dict:
 def run_record(path, key: dict, cfg: dict, seed: int, *, task=None, overrides=None,
                data_seed=None, label: Optional[str] = None) -> dict:
   """The record of one run at ``path``: read back when the file holds the same ``key``
-  (a resumed spec), else run (:func:`run_one`) and written atomically."""
+  (a resumed spec), else run (:func:`run_one`) and written atomically, replacing a record
+  of another key (the run's configuration changed).
+
+  Raises:
+    ValueError: ``path`` holds something that is not a run record (never overwritten);
+      what :func:`run_one` raises.
+  """
   path = pathlib.Path(path)
   key = json.loads(json.dumps(key, default=str))  # as it reads back from the file
-  if path.is_file():
-    old = json.loads(path.read_text())
-    if old.get("key") == key:
+  if path.exists():
+    try:
+      old = json.loads(path.read_text())
+    except (OSError, ValueError):
+      old = None
+    if not isinstance(old, dict) or "key" not in old:
+      raise ValueError(f"{path} exists and is not a run record (no 'key'); refusing to "
+                       "overwrite it. Move it away, or give the spec another --out.")
+    if old["key"] == key:
       return old
   res, pl = run_one(cfg, seed, task=task, overrides=overrides, data_seed=data_seed)
   rec = record(key, res, pl, label=label)
@@ -310,6 +329,9 @@ def check_runs(runs) -> None:
       if unknown:
         raise ValueError(f"unknown key(s) {unknown}; a run has the keys of fedjax-inv run "
                          "(fedjax-inv run --help).")
+      for k in sorted(set(cfg) & set(NOT_IN_A_RUN)):
+        raise ValueError(f"{k!r} is not a key of a spec run; use {NOT_IN_A_RUN[k]} "
+                         "instead.")
       config.check_names(config.check_run_config(cfg))
     except ValueError as e:
       raise ValueError(f"spec run {r.label}: {e}") from None
