@@ -220,15 +220,15 @@ def cmd_run(args) -> int:
   cfg = resolve_run_config(args)
   if lead:
     print(describe_plan(cfg), flush=True)
-  cfg = {k: v for k, v in cfg.items() if not k.startswith("_")}
-  overrides = algorithm_overrides(cfg)
+  # checked once (resolve_run_config); the planner reads lr, --hp, ... from it
+  cfg = _config.CheckedConfig({k: v for k, v in cfg.items() if not k.startswith("_")})
   from fedjax_inv.runner.experiment import run_experiment
   if not lead:  # every process computes; only process 0 writes and prints (the others
     import os  # write their part of the checkpoints, in the shared --out)
     with open(os.devnull, "w") as quiet:
-      run_experiment(cfg, progress=False, overrides=overrides, stream=quiet, write=False)
+      run_experiment(cfg, progress=False, stream=quiet, write=False)
     return 0
-  summary = run_experiment(cfg, progress=not args.no_progress, overrides=overrides)
+  summary = run_experiment(cfg, progress=not args.no_progress)
   if summary.get("status") == "diverged":
     bad = ", ".join(f"{r['algorithm']} seed {r['seed']} (round {r['diverged_round']})"
                     for r in summary.get("failed_runs", []))

@@ -36,3 +36,26 @@ def test_one_batching_choice_with_one_default():
     config.check_replicas("many")
   pl = experiment.plan_experiment({"task": "linear_regression", "rounds": 1})
   assert pl.replicas == config.DEFAULT_REPLICAS
+
+
+def test_a_setting_is_checked_once_where_it_enters(monkeypatch, capsys):
+  """The command line checks its configuration once (a CheckedConfig the planner keeps);
+  a Python caller's plain dict is checked by the planner."""
+  from fedjax_inv import cli
+  calls = []
+  real = config.check_run_config
+  monkeypatch.setattr(config, "check_run_config",
+                      lambda cfg: calls.append(dict(cfg)) or real(cfg))
+  monkeypatch.setattr(cli, "check_run_config", config.check_run_config)
+  assert cli.main(["run", "--task", "linear_regression", "--rounds", "2", "--lr", "0.05",
+                   "--dry-run"]) == 0
+  assert len(calls) == 1 and float(calls[0]["lr"]) == 0.05
+  capsys.readouterr()
+  calls.clear()
+  pl = experiment.plan_experiment({"task": "linear_regression", "rounds": 2, "lr": "0.05"})
+  assert len(calls) == 1 and pl.built["fedavg"].hparams["client_lr"] == 0.05
+  calls.clear()
+  checked = real({"task": "linear_regression", "rounds": 2, "lr": 0.05})
+  assert isinstance(checked, config.CheckedConfig)
+  experiment.plan_experiment(checked)
+  assert calls == []

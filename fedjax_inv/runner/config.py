@@ -491,6 +491,12 @@ def check_replicas(mode, name: str = "replicas") -> str:
   return mode
 
 
+class CheckedConfig(dict):
+  """A run configuration as :func:`check_run_config` returns it: checked once, where it
+  entered (the command line or the Python API), so the planner does not check it again.
+  Removing keys keeps it checked; a changed or added value needs a new check."""
+
+
 def check_run_config(cfg: dict) -> dict:
   """Checks every run setting (flags, config file, API) for type and range before
   anything is loaded or compiled, and returns a copy with numbers as numbers (flags
@@ -501,7 +507,8 @@ def check_run_config(cfg: dict) -> dict:
     cfg: ``{key: value}`` with keys of ``RUN_KEYS``.
 
   Returns:
-    the checked config (ints/floats converted, whitespace-stripped strings).
+    the checked config (ints/floats converted, whitespace-stripped strings), a
+    :class:`CheckedConfig`.
 
   Raises:
     ValueError: one line naming the flag, the value and the allowed range; unknown keys.
@@ -605,7 +612,7 @@ def check_run_config(cfg: dict) -> dict:
                      "writes into its own folder; drop --out.")
   if out.get("resume") and out.get("overwrite"):
     raise ValueError("--resume and --overwrite contradict each other; use one.")
-  return out
+  return CheckedConfig(out)
 
 
 def _parse_value(s: str):

@@ -517,7 +517,8 @@ def plan_experiment(cfg: dict, overrides=None, *, task_kwargs=None, seeds=None,
   from fedjax_inv.runner import config
   from fedjax_inv.core.engine import resolve_strategy
   from fedjax_inv.eval import reporting as rlib
-  cfg = config.check_run_config(cfg)
+  if not isinstance(cfg, config.CheckedConfig):  # the Python API: checked here, once
+    cfg = config.check_run_config(cfg)
   algos = [a.strip() for a in str(cfg.get("algorithm", "fedavg")).split(",") if a.strip()]
   seed0 = int(cfg.get("seed") or 0)
   nseeds = int(cfg["seeds"]) if cfg.get("seeds") is not None else 1
