@@ -68,6 +68,11 @@ def test_bad_group_and_where_and_run_config_are_refused_before_running():
   doc["groups"][0]["name"] = "{algorithm}"  # lr missing from the name: two runs collide
   with pytest.raises(ValueError, match=r"two runs are named g/fedavg"):
     spec.parse_spec(doc)
+  doc["groups"][0]["name"] = "{algorithm}-{lr}"
+  doc["groups"][0]["axes"]["lr"]["0.5"] = 0.5
+  with pytest.raises(ValueError, match=r"axes.lr.0.5: 0.5 is not a mapping of run keys"):
+    spec.parse_spec(doc)
+  del doc["groups"][0]["axes"]["lr"]["0.5"]
   doc["groups"][0]["name"] = "{algo}-{lr}"
   with pytest.raises(ValueError, match=r"'algo' is not an axis of the group"):
     spec.parse_spec(doc)

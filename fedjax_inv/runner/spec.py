@@ -174,6 +174,10 @@ def parse_spec(doc: dict, path: Optional[pathlib.Path] = None) -> Spec:
       if not isinstance(options, dict) or not options:
         raise _fail(f"{where}.axes.{axis}", "give a mapping of option label -> run keys "
                     "(an empty mapping {} for an option that changes nothing).")
+      for lab, opt in options.items():
+        if opt is not None and not isinstance(opt, dict):
+          raise _fail(f"{where}.axes.{axis}.{lab}", f"{opt!r} is not a mapping of run "
+                      "keys; write e.g. {lr: 0.1} ({} for an option that changes nothing).")
     combos = itertools.product(*[[(axis, str(lab), opt or {}) for lab, opt in opts.items()]
                                  for axis, opts in axes.items()])
     for combo in combos:
