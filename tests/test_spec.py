@@ -113,33 +113,35 @@ def _direct(cfg, seed):
 
 def test_spec_runs_go_through_the_executor_equal_a_direct_run_and_resume(tmp_path,
                                                                           monkeypatch):
-  sp = spec.parse_spec(_doc(seeds=[2]))
+  sp = spec.parse_spec(_doc(seeds=[1, 2]))
   calls = []
   real = executor.execute
   monkeypatch.setattr(executor, "execute", lambda *a, **k: calls.append(1) or real(*a, **k))
   recs = spec.execute_spec(sp, tmp_path, where={"lr": ["0.3"]})
-  assert len(calls) == 2 and [r["key"]["name"] for r in recs] == ["fedavg-0.3",
-                                                                  "fedprox-0.3"]
-  for run, rec in zip(sp.select({"lr": ["0.3"]}), recs):
-    ref = _direct(run.cfg, 2)
+  # one plan per run (its seeds together), each seed on its own data
+  assert len(calls) == 2 and [(r["key"]["name"], r["key"]["seed"]) for r in recs] == [
+      ("fedavg-0.3", 1), ("fedavg-0.3", 2), ("fedprox-0.3", 1), ("fedprox-0.3", 2)]
+  runs = sp.select({"lr": ["0.3"]})
+  for (run, s), rec in zip([(r, s) for r in runs for s in (1, 2)], recs):
+    ref = _direct(run.cfg, s)
     chex.assert_trees_all_close(rec["final"], json.loads(json.dumps(ref.final)), rtol=1e-6)
     assert rec["hparams"]["client_lr"] == 0.3 and rec["status"] == "ok"
     assert rec["data"]["train_clients"] == 2 and rec["provenance"]["git_commit"]
-    on_disk = json.loads(sp.record_path(tmp_path, run, 2).read_text())
+    on_disk = json.loads(sp.record_path(tmp_path, run, s).read_text())
     assert on_disk["key"] == {"group": "g", "name": run.name, "config": run.cfg,
-                              "seed": 2, "data_seed": "each"}
+                              "seed": s, "data_seed": "each"}
   # resume: the same key is kept, nothing runs; a changed run runs again
   monkeypatch.setattr(executor, "execute", lambda *a, **k: pytest.fail("ran again"))
   assert spec.execute_spec(sp, tmp_path, where={"lr": ["0.3"]}) == recs
-  changed = _doc(seeds=[2])
+  changed = _doc(seeds=[1, 2])
   changed["base"]["rounds"] = 2
   with pytest.raises(BaseException, match="ran again"):
     spec.execute_spec(spec.parse_spec(changed), tmp_path, where={"lr": ["0.3"]})
-  with pytest.raises(ValueError, match=r"--seeds 5: not seeds of this spec \(2\)"):
+  with pytest.raises(ValueError, match=r"--seeds 5: not seeds of this spec \(1, 2\)"):
     spec.execute_spec(sp, tmp_path, seeds=[5])
   # a file that is not a record is never overwritten
   (tmp_path / "mine").mkdir()
-  other = sp.record_path(tmp_path / "mine", sp.runs[0], 2)
+  other = sp.record_path(tmp_path / "mine", sp.runs[0], 1)
   other.parent.mkdir(parents=True)
   other.write_text('{"notes": "a user file"}')
   with pytest.raises(ValueError, match=r"is not a run record \(no 'key'\); refusing"):

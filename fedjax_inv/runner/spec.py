@@ -50,7 +50,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from fedjax_inv.runner import outputs
+from fedjax_inv.runner import executor, outputs
 
 DEFAULT_RECORD = "results/{group}/{name}/seed{seed}.json"
 SPEC_KEYS = ("description", "base", "seeds", "data_seed", "record", "groups")
@@ -234,53 +234,83 @@ def data_record(task) -> dict:
           "eval_sets": {k: size(v) for k, v in task.eval_sets.items()}}
 
 
-def run_one(cfg: dict, seed: int, *, task=None, overrides=None, data_seed=None,
-            stream=None):
-  """One run (``cfg``'s single algorithm, training seed ``seed``) through the planner and
-  the executor of ``fedjax-inv run``, nothing written.
+class _Records(executor.Recorder):
+  """The executor's ``Recorder`` (nothing written) that also keeps each run's
+  :func:`data_record`, from the executor's task cache as the run ends."""
+
+  def __init__(self, pl, ex, stream):
+    super().__init__(pl, None, stream)
+    self.ex, self.data = ex, {}
+
+  def __call__(self, key, res, base, ckpt, info, batched=False):
+    self.data[key] = data_record(executor.task_for(self.pl, self.ex, key[2], key[1]))
+    super().__call__(key, res, base, ckpt, info, batched)
+
+
+def run_seeds(cfg: dict, seeds, *, task=None, overrides=None, data_seed=None,
+              stream=None):
+  """The runs of ``cfg``'s single algorithm for every training seed in ``seeds``, through
+  the planner and the executor of ``fedjax-inv run`` (which batches them as one program
+  where ``--replicas`` allows: by default on a GPU or TPU, not on a CPU), nothing written.
 
   Args:
-    cfg: ``fedjax-inv run`` keys (``fedjax_inv.runner.config.RUN_KEYS``); its ``seed``,
-      ``seeds`` and ``replicas`` are set here.
-    seed: the training seed (model init, client sampling, minibatches, attackers).
+    cfg: ``fedjax-inv run`` keys (``fedjax_inv.runner.config.RUN_KEYS``); its ``seed``
+      and ``seeds`` are set here.
+    seeds: the training seeds (model init, client sampling, minibatches, attackers).
     task: a built ``Task`` to run instead of ``cfg['task']`` (e.g. with a validation
       split), or None.
     overrides: algorithm hyperparameters (``{name: value}``), as ``fedjax-inv run``'s.
-    data_seed: the seed of the task's data; None = ``seed`` (each seed its own split).
+    data_seed: the seed of the task's data; None = each training seed's own (the data of
+      seed s is built from s).
     stream: where the executor's lines go (default: dropped).
 
   Returns:
-    ``(result, plan)``: the ``simulation.RunResult`` (or the ``simulation.DivergedError``
-    of a run whose objective became non-finite) and the executed ``experiment.Plan``.
+    ``({seed: (result, data)}, plan)``: per seed the ``simulation.RunResult`` (or the
+    ``simulation.DivergedError`` of a run whose objective became non-finite) and its
+    :func:`data_record`; and the executed ``experiment.Plan``.
 
   Raises:
     ValueError: what ``fedjax-inv run`` refuses (before any compile); ``cfg`` naming
       more than one algorithm.
   """
-  from fedjax_inv.runner import executor, experiment
-  cfg = {**cfg, "seed": int(seed), "seeds": 1, "replicas": "sequential"}
+  from fedjax_inv.runner import experiment
+  seeds = [int(s) for s in seeds]
+  cfg = {**cfg, "seed": seeds[0], "seeds": len(seeds)}
   if "," in str(cfg.get("algorithm", "")):
     raise ValueError(f"algorithm={cfg['algorithm']!r}: a spec run trains one algorithm; "
                      "make the algorithm an axis of the group instead.")
-  tkw = None if data_seed is None or task is not None else {"seed": int(data_seed)}
-  pl = experiment.plan_experiment(cfg, overrides, task=task, task_kwargs=tkw)
+  each = data_seed is None and task is None
+  tkw = None if each or task is not None else {"seed": int(data_seed)}
+  pl = experiment.plan_experiment(cfg, overrides, task=task, task_kwargs=tkw, seeds=seeds,
+                                  resplit=each)
   stream = stream if stream is not None else io.StringIO()
-  rec = executor.Recorder(pl, None, stream)
-  executor.execute(pl, None, {}, rec, False, stream)
-  (key,) = rec.results
-  return rec.results[key], pl
+  ex = executor.Execution.start(pl)
+  rec = _Records(pl, ex, stream)
+  executor.execute(pl, None, {}, rec, False, stream, ex=ex)
+  label = pl.names[0]
+  return {s: (rec.results[(label, s, None)], rec.data[(label, s, None)])
+          for s in seeds}, pl
 
 
-def record(key: dict, res, pl, *, label: Optional[str] = None) -> dict:
+def run_one(cfg: dict, seed: int, *, task=None, overrides=None, data_seed=None,
+            stream=None):
+  """:func:`run_seeds` for one seed: ``(result, plan)``."""
+  out, pl = run_seeds(cfg, [seed], task=task, overrides=overrides, data_seed=data_seed,
+                      stream=stream)
+  return out[int(seed)][0], pl
+
+
+def record(key: dict, res, pl, *, data: Optional[dict] = None,
+           label: Optional[str] = None) -> dict:
   """The raw record of one finished run: its ``key``, algorithm (``label`` or the
-  registry name), hyperparameters, data (:func:`data_record`), status, final metrics,
-  history (one entry per evaluation), seconds, execution strategy, the paper protocol's
-  selections and the code's provenance."""
+  registry name), hyperparameters, data (``data``, default :func:`data_record` of the
+  plan's task), status, final metrics, history (one entry per evaluation), seconds,
+  execution strategy, the paper protocol's selections and the code's provenance."""
   from fedjax_inv.runner import experiment, simulation
   name = pl.algos[0]
   rec = {"key": json.loads(json.dumps(key, default=str)), "algorithm": label or name,
          "registry_name": name, "hparams": pl.built[pl.names[0]].hparams,
-         "data": data_record(pl.task)}
+         "data": data if data is not None else data_record(pl.task)}
   if isinstance(res, simulation.DivergedError):
     rec.update(status="diverged", diverged_round=res.round, final=None, history=res.history)
   else:
@@ -290,31 +320,42 @@ def record(key: dict, res, pl, *, label: Optional[str] = None) -> dict:
   return rec
 
 
+def kept_record(path, key: dict) -> Optional[dict]:
+  """The record at ``path`` when it holds ``key`` (a resumed spec), else None (absent, or
+  a record of another key: the run's configuration changed, it runs again).
+
+  Raises:
+    ValueError: ``path`` holds something that is not a run record; it is never
+      overwritten.
+  """
+  path = pathlib.Path(path)
+  if not path.exists():
+    return None
+  try:
+    old = json.loads(path.read_text())
+  except (OSError, ValueError):
+    old = None
+  if not isinstance(old, dict) or "key" not in old:
+    raise ValueError(f"{path} exists and is not a run record (no 'key'); refusing to "
+                     "overwrite it. Move it away, or give the spec another --out.")
+  return old if old["key"] == json.loads(json.dumps(key, default=str)) else None
+
+
 def run_record(path, key: dict, cfg: dict, seed: int, *, task=None, overrides=None,
                data_seed=None, label: Optional[str] = None) -> dict:
   """The record of one run at ``path``: read back when the file holds the same ``key``
-  (a resumed spec), else run (:func:`run_one`) and written atomically, replacing a record
-  of another key (the run's configuration changed).
+  (:func:`kept_record`), else run (:func:`run_one`) and written atomically.
 
   Raises:
-    ValueError: ``path`` holds something that is not a run record (never overwritten);
-      what :func:`run_one` raises.
+    ValueError: from :func:`kept_record` and :func:`run_one`.
   """
-  path = pathlib.Path(path)
-  key = json.loads(json.dumps(key, default=str))  # as it reads back from the file
-  if path.exists():
-    try:
-      old = json.loads(path.read_text())
-    except (OSError, ValueError):
-      old = None
-    if not isinstance(old, dict) or "key" not in old:
-      raise ValueError(f"{path} exists and is not a run record (no 'key'); refusing to "
-                       "overwrite it. Move it away, or give the spec another --out.")
-    if old["key"] == key:
-      return old
-  res, pl = run_one(cfg, seed, task=task, overrides=overrides, data_seed=data_seed)
-  rec = record(key, res, pl, label=label)
-  outputs.write_json(path, rec)
+  old = kept_record(path, key)
+  if old is not None:
+    return old
+  out, pl = run_seeds(cfg, [seed], task=task, overrides=overrides, data_seed=data_seed)
+  res, data = out[int(seed)]
+  rec = record(key, res, pl, data=data, label=label)
+  outputs.write_json(pathlib.Path(path), rec)
   return rec
 
 
@@ -350,7 +391,9 @@ def run_key(spec: Spec, run: RunSpec, seed: int) -> dict:
 def execute_spec(spec: Spec, out, *, where: Optional[dict] = None, seeds=None,
                  stream=None) -> list:
   """Runs every selected (run, seed) of ``spec`` whose record is not in ``out`` yet
-  (resume: a record with the same key is kept) and returns the records, in spec order.
+  (resume: a record with the same key is kept) and returns the records, run by run
+  (seeds in order). A run's missing seeds are one plan, so the executor batches them
+  where ``--replicas`` allows (a GPU or TPU by default; one after another on a CPU).
 
   Args:
     spec: a :class:`Spec`.
@@ -371,35 +414,32 @@ def execute_spec(spec: Spec, out, *, where: Optional[dict] = None, seeds=None,
                      f"({', '.join(map(str, spec.seeds))}).")
   check_runs(runs)
   out = pathlib.Path(out)
-  todo = [(r, s) for s in seeds for r in runs]
-  records = []
-  for i, (run, s) in enumerate(todo):
-    path, key = spec.record_path(out, run, s), run_key(spec, run, s)
-    kept = path.is_file() and json.loads(path.read_text()).get("key") == json.loads(
-        json.dumps(key))
-    rec = run_record(path, key, run.cfg, s,
-                     data_seed=None if spec.data_seed == "each" else spec.data_seed)
-    records.append(rec)
-    final = rec.get("final")
-    shown = "diverged" if final is None else " ".join(
-        f"{k}={v:.4f}" for k, v in final.items()
-        if k.endswith(("_accuracy", "_mse")) and "client" not in k)
-    print(f"[{i + 1}/{len(todo)}] {run.label} seed {s}: {shown}"
-          + (" (kept)" if kept else f" ({rec.get('seconds', 0):.0f}s)"),
-          file=stream, flush=True)
+  data_seed = None if spec.data_seed == "each" else spec.data_seed
+  records, n, total = [], 0, len(runs) * len(seeds)
+  for run in runs:
+    paths = {s: spec.record_path(out, run, s) for s in seeds}
+    keys = {s: run_key(spec, run, s) for s in seeds}
+    have = {s: kept_record(paths[s], keys[s]) for s in seeds}
+    todo = [s for s in seeds if have[s] is None]
+    ran = {}
+    if todo:  # the run's missing seeds as one plan: the executor batches them if it can
+      done, pl = run_seeds(run.cfg, todo, data_seed=data_seed)
+      for s in todo:
+        res, data = done[s]
+        ran[s] = record(keys[s], res, pl, data=data)
+        outputs.write_json(paths[s], ran[s])
+    for s in seeds:
+      rec = have[s] if have[s] is not None else ran[s]
+      records.append(rec)
+      n += 1
+      final = rec.get("final")
+      shown = "diverged" if final is None else " ".join(
+          f"{k}={v:.4f}" for k, v in final.items()
+          if k.endswith(("_accuracy", "_mse")) and "client" not in k)
+      print(f"[{n}/{total}] {run.label} seed {s}: {shown}"
+            + (" (kept)" if s not in ran else f" ({rec.get('seconds', 0):.0f}s)"),
+            file=stream, flush=True)
   return records
-
-
-def load_records(spec: Spec, out, *, where: Optional[dict] = None) -> list:
-  """The records of ``spec`` present under ``out`` (selected runs × seeds, spec order;
-  absent ones skipped)."""
-  recs = []
-  for s in spec.seeds:
-    for run in spec.select(where):
-      p = spec.record_path(out, run, s)
-      if p.is_file():
-        recs.append(json.loads(p.read_text()))
-  return recs
 
 
 def parse_where(items) -> dict:
