@@ -16,7 +16,9 @@ the threshold is ≈ 23). Its accuracies are then left out of the mean and the c
 "(k/n finite)". ± = sample std over seeds (``fedjax_inv.runner.outputs.format_mean_std``,
 ddof 1).
 
-Only reads committed files under this folder; runs nothing.
+Only reads committed files under this folder; runs nothing. ``python
+experiments/privacy/tables.py [RESULTS]`` prints the DP-FedAvg table and writes its plot,
+``RESULTS/privacy_utility.png``.
 """
 from __future__ import annotations
 
@@ -149,3 +151,10 @@ def dp_sgd_table(out: pathlib.Path = HERE / "results_dp_sgd_r30") -> str:
 
 
 TABLES = {"dp_fedavg": dp_fedavg_table, "dp_sgd": dp_sgd_table}
+
+
+if __name__ == "__main__":  # the DP-FedAvg table and its plot, from the raw records
+  import sys
+  results = pathlib.Path(sys.argv[1]).resolve() if len(sys.argv) > 1 else HERE / "results_r100"
+  print(dp_fedavg_table(results))
+  print(f"\nplot: {plot(results)}")
