@@ -1,10 +1,11 @@
-"""The robustness README's results tables, generated from the committed raw runs in
-``results/raw/`` (written by ``run.py``).
+"""The robustness README's results tables, generated from the committed raw records in
+``results/raw/`` (written by ``fedjax-inv experiment experiments/robustness/spec.yaml``).
 
 ``python experiments/fair.py tables --only robustness`` rewrites the README's
 ``<!-- table:robustness/NAME -->`` blocks from :data:`TABLES`: ``attacks_10``,
 ``attacks_20``, ``attacks_30`` (final test accuracy by aggregator and attack, at 10 / 20 /
-30 % attackers) and ``stragglers``. ``run.py OUT --table`` prints the same tables.
+30 % attackers) and ``stragglers``; ``python experiments/robustness/tables.py [RESULTS]``
+prints them.
 
 Each attack table's caption states, for every robust rule, the condition its guarantee
 needs and whether this table's setting meets it; the rule's parameters (Krum's f,
@@ -33,27 +34,31 @@ AGGREGATORS = ("mean", "median", "trimmed_mean", "krum", "geomed", "centered_cli
 STRAGGLER_ALGS = ("fedavg", "fedprox", "fednova")
 STRAGGLER_COLS = (("0-keep", "0%"), ("0.5-drop", "50% drop"), ("0.5-keep", "50% keep"),
                   ("0.9-drop", "90% drop"), ("0.9-keep", "90% keep"))
-CLIENTS = 20  # every client takes part in every round (run.py's CLIENTS)
+CLIENTS = 20  # every client takes part in every round (the spec's num_clients)
 
 
 def load(out: pathlib.Path = RESULTS) -> dict:
-  """{(grid, name): [run records]} of ``out/raw/<grid>/<name>-seed<s>.json``."""
+  """{(group, name): [records]} of ``out/raw/<group>/<name>-seed<s>.json`` (the spec's
+  record paths), seeds in order."""
   by = {}
   for p in sorted((out / "raw").glob("*/*.json")):
     r = json.loads(p.read_text())
-    by.setdefault((r["grid"], r["name"]), []).append(r)
+    by.setdefault((r["key"]["group"], r["key"]["name"]), []).append(r)
+  for runs in by.values():
+    runs.sort(key=lambda r: r["key"]["seed"])
   return by
 
 
 def cell(runs: list) -> str:
   """Final test accuracy (%), mean ± sample std over seeds; None (diverged) counted."""
-  return format_mean_std([r["final_test_accuracy"] for r in runs], digits=1, scale=100)
+  return format_mean_std([(r["final"] or {}).get("test_accuracy") for r in runs], digits=1,
+                         scale=100)
 
 
 def data_line(by: dict) -> str:
   """``''``, or a line saying the runs' clients come from the partitioner used before
   Flower Datasets' (their data notes do not name Flower)."""
-  c = tuning.partitioner_caveat(r.get("data_note") for rs in by.values() for r in rs)
+  c = tuning.partitioner_caveat(r["data"]["note"] for rs in by.values() for r in rs)
   return f"**Data:** {c}." if c else ""
 
 
@@ -141,13 +146,13 @@ def stragglers_table(out: pathlib.Path = RESULTS) -> str:
     cells = [cell(by.get(("stragglers", f"{alg}-{c}"), [])) for c, _ in STRAGGLER_COLS]
     lines.append(f"| {alg} | " + " | ".join(cells) + " |")
   runs = [r for rs in by.values() for r in rs]
-  seeds = sorted({r["seed"] for r in runs})
+  seeds = sorted({r["key"]["seed"] for r in runs})
   lines.append(f"\nSeeds {seeds}; {len(runs)} runs in `results/raw/`. {data_line(by)}".rstrip())
   return "\n".join(lines)
 
 
 def all_tables(out: pathlib.Path = RESULTS) -> str:
-  """Every table, for ``run.py OUT --table``."""
+  """Every table of the records under ``out``."""
   by = load(out)
   parts = [attacks_table(f, out) for f in fractions(by)]
   if any(g == "stragglers" for g, _ in by):
@@ -157,3 +162,8 @@ def all_tables(out: pathlib.Path = RESULTS) -> str:
 
 TABLES = {"attacks_10": lambda: attacks_table(0.1), "attacks_20": lambda: attacks_table(0.2),
           "attacks_30": lambda: attacks_table(0.3), "stragglers": stragglers_table}
+
+
+if __name__ == "__main__":
+  import sys
+  print(all_tables(pathlib.Path(sys.argv[1]) if len(sys.argv) > 1 else RESULTS))
