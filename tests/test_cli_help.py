@@ -16,7 +16,7 @@ import pytest
 from fedjax_inv import cli
 from fedjax_inv.runner import config, grid
 from fedjax_inv.aggregation import robust
-from fedjax_inv.algorithms import base, hparams, registry, schema
+from fedjax_inv.algorithms import base, registry, schema
 from fedjax_inv.core import adversary
 from fedjax_inv.core import algorithm as core_algorithm
 from fedjax_inv.core.algorithm import Entry
@@ -65,7 +65,7 @@ HELP = {
     "run --sweep": (["run"], "NAME (lr = client_lr): ", ". The points run batched",
                     _schema_names),
     "run --sweep (traced)": (["run"], "when every name is traced (", ") and --replicas",
-                             lambda: list(hparams.traced_names())),
+                             lambda: sorted(schema.traced_names())),
     "tune --task": (["tune"], "--task TASK task name (fedjax-inv list): ",
                     " --algorithm ALGORITHM", lambda: sorted(task_registry())),
     "tune --algorithm": (["tune"], "comma-separated algorithm names: ", " --trials",
@@ -81,8 +81,7 @@ def _add_entry(flag: str, monkeypatch) -> str:
   """Registers one more name in `flag`'s registry (undone after the test); returns it."""
   if "--algorithm" in flag or "ALGORITHM" in flag:
     monkeypatch.setitem(core_algorithm._REGISTRY, "zz_new_algorithm",
-                        Entry("zz_new_algorithm", lambda **k: base.build("zz_new_algorithm"),
-                              "-", "-"))
+                        Entry("zz_new_algorithm", lambda **k: None, "-", "-"))
     return "zz_new_algorithm"
   if "--task" in flag:
     monkeypatch.setitem(task_base._TASKS, "zz_new_task",
@@ -90,9 +89,6 @@ def _add_entry(flag: str, monkeypatch) -> str:
     return "zz_new_task"
   if flag == "run --aggregator":
     monkeypatch.setattr(base, "AGGREGATORS", base.AGGREGATORS + ("zz_new_rule",))
-    real = base.aggregator
-    monkeypatch.setattr(base, "aggregator", lambda name, tau=0.4: real(
-        "mean" if name == "zz_new_rule" else name, tau))
     return "zz_new_rule"
   if flag == "run --aggregator (robust)":
     monkeypatch.setattr(robust, "ROBUST", robust.ROBUST + ("zz_new_robust",))
@@ -100,11 +96,8 @@ def _add_entry(flag: str, monkeypatch) -> str:
   if flag == "run --attack":
     monkeypatch.setattr(adversary, "ATTACKS", adversary.ATTACKS + ("zz_new_attack",))
     return "zz_new_attack"
-  monkeypatch.setitem(schema.SCHEMA, "zz_new_knob", schema.Param("nonneg"))
-  if flag.endswith("(traced)"):  # traced where it is read: a component that declares it
-    comp = core_algorithm.Component("zz", traced=("zz_new_knob",))
-    monkeypatch.setitem(core_algorithm._REGISTRY, "zz_traced", Entry(
-        "zz_traced", lambda **k: base.build("zz_traced", components=(comp,)), "-", "-"))
+  traced = flag.endswith("(traced)")
+  monkeypatch.setitem(schema.SCHEMA, "zz_new_knob", schema.Param("nonneg", traced=traced))
   return "zz_new_knob"
 
 

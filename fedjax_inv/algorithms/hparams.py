@@ -101,26 +101,6 @@ SEARCH = {
 }
 
 
-def traced_names() -> tuple:
-  """Names whose sweep points can run as one batched program, sorted: the engine's
-  (``core.algorithm.ENGINE_TRACED``: the client and server learning rates) and those a
-  registered algorithm's components declare (``Component.traced``, read with
-  ``core.algorithm.hparam``) or an aggregator (a registered algorithm's, or one of
-  ``--aggregator``'s) reads traced (``core.aggregator.traced_names``). Declared once,
-  where the value is read; the help of ``--sweep`` lists these."""
-  from fedjax_inv.algorithms import base
-  from fedjax_inv.core.aggregator import traced_names as aggregator_traced
-  from fedjax_inv.core.algorithm import ENGINE_TRACED
-  names = set(ENGINE_TRACED)
-  for name in registry():
-    alg = make_algorithm(name)
-    names |= {n for c in alg.components for n in c.traced}
-    names |= set(aggregator_traced(alg.aggregator))
-  for name in base.AGGREGATORS:
-    names |= set(aggregator_traced(base.aggregator(name)))
-  return tuple(sorted(names))
-
-
 def _entry(name: str):
   reg = registry()
   if name not in reg:

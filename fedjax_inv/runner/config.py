@@ -305,9 +305,9 @@ def _aggregator_help() -> tuple:
 
 
 def _traced_help() -> str:
-  """The traced names (``algorithms.hparams.traced_names``), comma-joined."""
-  from fedjax_inv.algorithms import hparams
-  return ", ".join(hparams.traced_names())
+  """The schema's traced names (``schema.traced_names``), sorted and comma-joined."""
+  from fedjax_inv.algorithms import schema
+  return ", ".join(sorted(schema.traced_names()))
 
 
 # {token} of a RUN_KEYS help -> the names it stands for, read when the parser is built.
