@@ -9,6 +9,8 @@ A fenced block is one of:
   compiles: flags, names, hyperparameters, the task's data); the slow tier runs it with
   fewer rounds and one seed (:func:`shrink`), and :data:`CMD_CLAIMS` checks the effects
   the text around it claims (FedProx's mu changes the result);
+* ```` ```yaml ````: an experiment spec (``fedjax-inv experiment``), parsed and every
+  run's configuration checked (``fedjax_inv.runner.spec``);
 * ```` ```text ````: a figure, a tree or program output, not code;
 * any block after ``<!-- not run: REASON -->``, which must give the reason, or after
   ``<!-- example: NAME -->``, which a test elsewhere runs by that name.
@@ -35,7 +37,7 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^(?P<ind>[ \t]*)```(?P<lang>[\w-]*)[ \t]*\n(?P<body>.*?)^(?P=ind)```[ \t]*$",
                    re.S | re.M)
 MARK = re.compile(r"<!-- (not run|example): *(.*?) *-->\s*$")
-LANGS = {"python", "bash", "text"}
+LANGS = {"python", "bash", "text", "yaml"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,8 +97,18 @@ def _cmd_id(item) -> str:
 
 def test_every_block_says_what_it_is():
   bad = [f"{b.id}: ```{b.lang or '(no language)'}" for b in BLOCKS if b.lang not in LANGS]
-  assert not bad, ("give each block a language (python, bash, or text for a figure or "
-                   f"output): {bad}")
+  assert not bad, ("give each block a language (python, bash, yaml for a spec, or text "
+                   f"for a figure or output): {bad}")
+
+
+@pytest.mark.parametrize("block", [b for b in BLOCKS if b.lang == "yaml"],
+                         ids=lambda b: b.id)
+def test_yaml_block_is_a_valid_spec(block):
+  import yaml
+  from fedjax_inv.runner import spec
+  sp = spec.parse_spec(yaml.safe_load(block.code))
+  spec.check_runs(sp.runs)
+  assert sp.runs
 
 
 def test_blocks_that_are_not_run_say_why():
@@ -141,7 +153,8 @@ def shrink(argv: list[str], out: pathlib.Path, data: pathlib.Path) -> list[str]:
   """The command at CI size: 2 rounds, 1 seed, its own ``--out``, ``D`` = the fixture
   files, 30 synthetic FEMNIST writers instead of 3,400, one held-out domain instead of
   ``--holdout all`` (leave-one-domain-out over every domain: tests/test_lodo.py), at most
-  4 local steps where the command sets more, 2 trials for ``tune``."""
+  4 local steps where the command sets more, 2 trials for ``tune``; an ``experiment``
+  (hundreds of runs) is checked and listed with ``--dry-run``, never trained here."""
   argv = [str(data) if a == "D" else a for a in argv[1:]]
   argv = ["0" if a == "all" and i and argv[i - 1] == "--holdout" else a
           for i, a in enumerate(argv)]
@@ -153,6 +166,8 @@ def shrink(argv: list[str], out: pathlib.Path, data: pathlib.Path) -> list[str]:
       argv += ["--task-arg", "num_clients=30"]
   elif argv[0] == "tune":
     argv += ["--trials", "2", "--rounds", "2", "--seeds", "0", "--out", str(out)]
+  elif argv[0] == "experiment":
+    argv += ["--dry-run"]
   return argv
 
 
