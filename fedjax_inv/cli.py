@@ -295,6 +295,15 @@ def _check_registered(where: str, key: str, value: str) -> None:
     raise _config.unknown_name(where, value, _config.NOUNS[key], _config.choices(key))
 
 
+def _ints(flag: str, text) -> tuple:
+  """Comma-separated integers of a flag (``--seeds 0,1,2``). Raises ValueError naming the
+  flag and the value."""
+  try:
+    return tuple(int(v) for v in str(text).split(",") if v.strip())
+  except ValueError as e:
+    raise ValueError(f"{flag} {text!r}: give comma-separated integers, e.g. 0,1,2.") from e
+
+
 def cmd_tune(args) -> int:
   """``fedjax-inv tune``: :func:`fedjax_inv.runner.tuning.tune_row`, then the markdown table.
 
@@ -308,11 +317,6 @@ def cmd_tune(args) -> int:
     if a.strip():
       _check_registered("--algorithm", "algorithm", a.strip())
 
-  def ints(flag, text):
-    try:
-      return tuple(int(v) for v in str(text).split(",") if v.strip())
-    except ValueError as e:
-      raise ValueError(f"{flag} {text!r}: give comma-separated integers, e.g. 0,1,2.") from e
   fixed = {}
   for item in args.hp:
     if "=" not in item:
@@ -326,8 +330,8 @@ def cmd_tune(args) -> int:
       pass
     fixed.setdefault(scope or "*", {})[name] = value
   protocol = tuning.Protocol(trials=args.trials,
-                             tuning_seeds=ints("--tuning-seeds", args.tuning_seeds),
-                             report_seeds=ints("--seeds", args.seeds),
+                             tuning_seeds=_ints("--tuning-seeds", args.tuning_seeds),
+                             report_seeds=_ints("--seeds", args.seeds),
                              search_seed=args.search_seed, val_fraction=args.val_fraction,
                              exclude=tuple(fixed.get("*", {})))
   row = tuning.tune_row(args.out, task=args.task, algorithms=args.algorithm,
@@ -353,13 +357,7 @@ def cmd_experiment(args) -> int:
   where = spec_lib.parse_where(args.where)
   runs = sp.select(where)
   spec_lib.check_runs(runs)
-  seeds = None
-  if args.seeds:
-    try:
-      seeds = [int(v) for v in args.seeds.split(",") if v.strip()]
-    except ValueError as e:
-      raise ValueError(f"--seeds {args.seeds!r}: give comma-separated integers, e.g. "
-                       "0,1.") from e
+  seeds = list(_ints("--seeds", args.seeds)) if args.seeds else None
   out = pathlib.Path(args.out) if args.out else sp.path.parent
   n = len(runs) * len(seeds or sp.seeds)
   print(f"{sp.path}: {len(runs)} runs × {len(seeds or sp.seeds)} seeds = {n} records "

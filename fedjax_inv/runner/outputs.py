@@ -148,6 +148,16 @@ def _jsonable(o):
 DDOF = 1
 
 
+def final_line(final) -> str:
+  """A run's headline metrics on one line, ``'train_accuracy=0.9327 test_accuracy=0.9070'``
+  (every ``*_accuracy`` / ``*_mse`` but the per-client ones), or ``'diverged'`` for a run
+  without final metrics."""
+  if final is None:
+    return "diverged"
+  return " ".join(f"{k}={v:.4f}" for k, v in final.items()
+                  if k.endswith(("_accuracy", "_mse")) and "client" not in k)
+
+
 def finite(values) -> list[float]:
   """The finite entries of ``values`` (``None``, NaN and ±inf are a diverged run's)."""
   return [float(x) for x in values if x is not None and np.isfinite(x)]

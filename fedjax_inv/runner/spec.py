@@ -432,11 +432,7 @@ def execute_spec(spec: Spec, out, *, where: Optional[dict] = None, seeds=None,
       rec = have[s] if have[s] is not None else ran[s]
       records.append(rec)
       n += 1
-      final = rec.get("final")
-      shown = "diverged" if final is None else " ".join(
-          f"{k}={v:.4f}" for k, v in final.items()
-          if k.endswith(("_accuracy", "_mse")) and "client" not in k)
-      print(f"[{n}/{total}] {run.label} seed {s}: {shown}"
+      print(f"[{n}/{total}] {run.label} seed {s}: {outputs.final_line(rec.get('final'))}"
             + (" (kept)" if s not in ran else f" ({rec.get('seconds', 0):.0f}s)"),
             file=stream, flush=True)
   return records

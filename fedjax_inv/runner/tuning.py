@@ -354,11 +354,8 @@ def _report_column(row: _Row, a: str, name: str, points: list, start: dict,
       t0 = time.perf_counter()
       rec = row.run(a, name, f"report-{prefix}seed{s}.json", trial, points[trial], settings,
                     s)
-      print(f"  {a:16s} report {prefix}seed {s}: " + (
-          "diverged" if rec["final"] is None else " ".join(
-              f"{k}={v:.4f}" for k, v in rec["final"].items()
-              if k.endswith(("_accuracy", "_mse")) and "client" not in k))
-          + f" ({time.perf_counter() - t0:.0f}s)", file=row.stream, flush=True)
+      print(f"  {a:16s} report {prefix}seed {s}: {outputs.final_line(rec['final'])}"
+            f" ({time.perf_counter() - t0:.0f}s)", file=row.stream, flush=True)
 
 
 def load_row(out) -> dict:
