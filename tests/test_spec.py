@@ -55,6 +55,9 @@ def test_spec_is_the_product_of_its_axes_with_options_last():
     (dict(extra=1), r"\['extra'\]: unknown key"),
     (dict(seeds=[0, 0]), r"seeds \[0, 0\]: give a list of distinct integers"),
     (dict(data_seed="first"), r"data_seed 'first': use 'each'"),
+    (dict(record="r/{method}-{seed}.json"), r"record 'r/\{method\}-\{seed\}.json': a record "
+     r"path may use \{group\}, \{name\} and \{seed\} only"),
+    (dict(record="r/{name}.json"), r"and must use \{seed\}"),
 ])
 def test_a_bad_spec_names_the_key_and_the_fix(change, match):
   doc = _doc()
@@ -209,3 +212,34 @@ def test_every_committed_spec_checks():
     spec.check_runs(sp.runs)
     paths = {sp.record_path(p.parent, r, s) for r in sp.runs for s in sp.seeds}
     assert len(paths) == len(sp.runs) * len(sp.seeds), p  # no two records share a file
+
+
+def test_a_held_out_domain_is_an_axis_and_its_run_equals_a_direct_one(tmp_path):
+  """A leave-one-domain-out run of a spec (the ``holdout`` run key as an axis) goes
+  through the executor and records the run of that held-out domain: its final metrics
+  equal ``simulation.run`` on the task built with that holdout, and its data record is
+  that task's. A run that holds out several domains is refused before anything runs."""
+  from fedjax_inv.algorithms import make_algorithm
+  from fedjax_inv.runner import simulation
+  from fedjax_inv.tasks import make_task
+  tkw = dict(n_per_domain=60, model="cnn", channels=(4, 4, 4))
+  doc = {"seeds": [0], "record": "r/{name}-{seed}.json",
+         "base": {"task": "rotated_mnist", "algorithm": "fedavg", "rounds": 2, "lr": 0.05,
+                  "local_steps": 1, "batch_size": 8, "execution": "vmap",
+                  "task_arg": ["n_per_domain=60", "model=cnn", "channels=[4,4,4]"]},
+         "groups": [{"name": "h{holdout}",
+                     "axes": {"holdout": {"0": {"holdout": "0"}, "75": {"holdout": "75"}}}}]}
+  recs = spec.execute_spec(spec.parse_spec(doc), tmp_path, where={"holdout": ["75"]})
+  (rec,) = recs
+  task = make_task("rotated_mnist", seed=0, holdout="75", **tkw)
+  alg = make_algorithm("fedavg", **task.algorithm_settings(
+      "fedavg", dict(client_lr=0.05, local_steps=1, batch_size=8)))
+  ref = simulation.run(task, alg, rounds=2, seed=0, eval_every=2, progress=False,
+                       execution="vmap")
+  chex.assert_trees_all_close(rec["final"], json.loads(json.dumps(ref.final)), rtol=1e-6)
+  assert rec["data"] == spec.data_record(task)
+  assert rec["data"]["eval_sets"]["ood"]["examples"] == 60
+  doc["groups"][0]["axes"]["holdout"]["0"] = {"holdout": "0,15"}
+  with pytest.raises(ValueError, match=r"spec run h0: holdout='0,15': a spec run holds out "
+                     "one domain"):
+    spec.check_runs(spec.parse_spec(doc).runs)

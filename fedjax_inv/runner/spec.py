@@ -45,6 +45,7 @@ import io
 import itertools
 import json
 import pathlib
+import string
 import sys
 from typing import Any, Optional
 
@@ -139,8 +140,9 @@ def parse_spec(doc: dict, path: Optional[pathlib.Path] = None) -> Spec:
 
   Raises:
     ValueError: an unknown key, a group without ``name`` or ``axes``, an axis without
-      options, two runs of one name, or seeds that are not distinct integers >= 0; the
-      message names the key and the fix.
+      options, two runs of one name, seeds that are not distinct integers >= 0, or a
+      ``record`` template with a field other than ``{group}``, ``{name}``, ``{seed}`` or
+      without ``{seed}``; the message names the key and the fix.
   """
   if not isinstance(doc, dict):
     raise _fail(str(path or ""), "the file must hold a mapping with a 'groups' list.")
@@ -156,6 +158,12 @@ def parse_spec(doc: dict, path: Optional[pathlib.Path] = None) -> Spec:
   if data_seed != "each" and not (isinstance(data_seed, int) and data_seed >= 0):
     raise _fail(f"data_seed {data_seed!r}", "use 'each' (each seed's data from that seed) "
                 "or one integer >= 0 (one split for every seed).")
+  record = str(doc.get("record", DEFAULT_RECORD))
+  fields = sorted({f for _, f, _, _ in string.Formatter().parse(record) if f is not None})
+  if set(fields) - {"group", "name", "seed"} or "seed" not in fields:
+    raise _fail(f"record {record!r}", "a record path may use {group}, {name} and {seed} "
+                "only, and must use {seed}; put axis labels in the group's 'name' "
+                "template, e.g. record: 'results/{name}-seed{seed}.json'.")
   base = dict(doc.get("base") or {})
   groups = doc.get("groups")
   if not isinstance(groups, list) or not groups:
@@ -198,7 +206,7 @@ def parse_spec(doc: dict, path: Optional[pathlib.Path] = None) -> Spec:
       runs.append(RunSpec(group, name, labels, tuple(sorted(
           (k, json.loads(json.dumps(v))) for k, v in cfg.items()))))
   return Spec(path, str(doc.get("description", "")), tuple(seeds), data_seed,
-              str(doc.get("record", DEFAULT_RECORD)), tuple(runs))
+              record, tuple(runs))
 
 
 def load_spec(path) -> Spec:
@@ -271,7 +279,7 @@ def run_seeds(cfg: dict, seeds, *, task=None, overrides=None, data_seed=None,
 
   Raises:
     ValueError: what ``fedjax-inv run`` refuses (before any compile); ``cfg`` naming
-      more than one algorithm.
+      more than one algorithm or more than one held-out domain.
   """
   from fedjax_inv.runner import experiment
   seeds = [int(s) for s in seeds]
@@ -279,6 +287,10 @@ def run_seeds(cfg: dict, seeds, *, task=None, overrides=None, data_seed=None,
   if "," in str(cfg.get("algorithm", "")):
     raise ValueError(f"algorithm={cfg['algorithm']!r}: a spec run trains one algorithm; "
                      "make the algorithm an axis of the group instead.")
+  held = str(cfg.get("holdout", ""))
+  if held == "all" or "," in held:
+    raise ValueError(f"holdout={held!r}: a spec run holds out one domain; make the "
+                     "held-out domain an axis of the group instead.")
   each = data_seed is None and task is None
   tkw = None if each or task is not None else {"seed": int(data_seed)}
   pl = experiment.plan_experiment(cfg, overrides, task=task, task_kwargs=tkw, seeds=seeds,
@@ -287,8 +299,8 @@ def run_seeds(cfg: dict, seeds, *, task=None, overrides=None, data_seed=None,
   ex = executor.Execution.start(pl)
   rec = _Records(pl, ex, stream)
   executor.execute(pl, None, {}, rec, False, stream, ex=ex)
-  label = pl.names[0]
-  return {s: (rec.results[(label, s, None)], rec.data[(label, s, None)])
+  (label,), (held,) = pl.names, pl.holdouts  # one algorithm, at most one held-out domain
+  return {s: (rec.results[(label, s, held)], rec.data[(label, s, held)])
           for s in seeds}, pl
 
 
@@ -377,6 +389,11 @@ def check_runs(runs) -> None:
       for k in sorted(set(cfg) & set(NOT_IN_A_RUN)):
         raise ValueError(f"{k!r} is not a key of a spec run; use {NOT_IN_A_RUN[k]} "
                          "instead.")
+      held = str(cfg.get("holdout", ""))
+      if held == "all" or "," in held:
+        raise ValueError(f"holdout={held!r}: a spec run holds out one domain; make the "
+                         "held-out domain an axis of the group, one option per domain, "
+                         "e.g. holdout: {'0': {holdout: '0'}, '15': {holdout: '15'}}.")
       config.check_names(config.check_run_config(cfg))
     except ValueError as e:
       raise ValueError(f"spec run {r.label}: {e}") from None
