@@ -413,14 +413,11 @@ def render(view: str) -> str:
   if view == "summary":
     return summary()
   if view == "fedilc":  # FedILC's rows: the published configuration, no tuning
-    return _script("fedilc/run.py").table_text().rstrip("\n")
-  if view == "fedsr_cpu_r500":  # FedSR Table 1 on the CPU: run_cpu.sh's per-domain runs
-    return _script("fedsr/table.py").raw_table(HERE / "fedsr" / "cpu_r500_persistent")
+    return _script("fedilc/tables.py").table_text().rstrip("\n")
+  if view == "fedsr_cpu_r500":  # FedSR Table 1 on the CPU: the spec's persistent group
+    return _script("fedsr/tables.py").raw_table("persistent_lr1e-3", ("fedavg", "fedsr"))
   if view in ("fig3_epochs", "fig3_clients"):  # Fig. 3 sweeps: shared settings, no tuning
-    import json
-    name = view.split("_")[1]
-    raw = json.loads((HERE / "invariant_fedavg" / "results" / f"{name}.json").read_text())
-    return _script("invariant_fedavg/reproduce.py").table(raw)
+    return _script("invariant_fedavg/tables.py").sweep(view.split("_")[1])
   folder, row, kw = VIEWS[view]
   kw = dict(kw)
   d = HERE / ROWS[row]["folder"] / "fair" / row

@@ -1,17 +1,23 @@
-"""FedGMA README tables and verdict claims, from the committed raw results of this folder.
+"""FedGMA README tables and verdict claims, from the raw results of this folder.
 
 ``python experiments/fair.py tables --only fedgma`` renders every ``<!-- table:fedgma/NAME
 -->`` block of ``experiments/fedgma/README.md`` from :data:`TABLES`; ``claims()`` gives the
 paper comparisons of those tables to the verdicts table (``<!-- table:fedgma/verdicts -->``
 and the top-level one). The fair row ``fedgma_mnist`` is ``experiments/fair.py``'s own.
 
-Raw files (one JSON per command of ``reproduce.py``; per algorithm and seed the last-L mean,
-the final metrics and the per-round curve):
+Every table reads its runs through :func:`load`, one entry of :data:`SOURCES` each: the
+raw records of a part of ``spec.yaml`` / ``tune.yaml`` (``fedjax-inv experiment``, one
+record per run and seed under ``results/<group>/``) when any exist, else the file the
+former script ``reproduce.py`` wrote for the same settings (one JSON per command; per
+algorithm and seed the last-L mean, the final metrics and the per-round curve):
 
-* ``results_gpu_h100/{mnist,fed_cmnist,fed_rotmnist}.json``: ``run_full.sh`` on one H100.
-* ``results_cpu_r150/mnist.json``, ``results_cpu_r150_prox/mnist.json``: MNIST, 150 rounds.
-* ``results_cpu_r150/tune_mnist.json``: the unequal tuning (selected on test accuracy).
-* ``results_cpu/{mnist,fed_cmnist}.json``: 30-round MNIST and 20-round FedCMNIST.
+* ``results_gpu_h100/{mnist,fed_cmnist,fed_rotmnist}.json``: group ``full``, on one H100.
+* ``results_cpu_r150/mnist.json``, ``results_cpu_r150_prox/mnist.json``: group
+  ``mnist_r150`` (MNIST, 150 rounds), FedAvg / FedGMA and FedProx / FedGMA + FedProx.
+* ``results_cpu_r150/tune_mnist.json``: ``tune.yaml`` (the unequal tuning, selected on
+  test accuracy).
+* ``results_cpu/{mnist,fed_cmnist}.json``: groups ``mnist_r30`` (30-round MNIST) and
+  ``cmnist_r20`` (20-round FedCMNIST).
 
 ± everywhere: :func:`fedjax_inv.runner.outputs.format_mean_std` (sample std over seeds, ddof 1).
 """
@@ -19,27 +25,33 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib.util
 import json
 import pathlib
+from typing import NamedTuple
 
-from fedjax_inv.runner import outputs, tuning
+import numpy as np
+
 from fedjax_inv.eval.verdict import Claim
+from fedjax_inv.runner import outputs, spec, tuning
 
 HERE = pathlib.Path(__file__).resolve().parent
 FOLDER = "experiments/fedgma"
 
-
-def _reproduce():
-  spec = importlib.util.spec_from_file_location("fedgma_reproduce_for_tables",
-                                                HERE / "reproduce.py")
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  return mod
-
-
-_REPRO = _reproduce()
-PAPER = _REPRO.PAPER  # FedGMA Tables 1-2 (% accuracy, mean over the last 20 rounds)
+# Paper numbers (% accuracy, average over the last 20 rounds): FedGMA Table 1 (MNIST,
+# non-i.i.d. over 10 clients) and Table 2 (non-i.i.d. rows).
+PAPER = {
+    "mnist": {"fedavg": 95.73, "fedgma": 97.1, "fedprox": 94.08, "fedgma_fedprox": 95.49},
+    "fed_cmnist": {"fedavg": 55.2, "fedgma": 60.77, "fedprox": 53.35,
+                   "fedgma_fedprox": 56.33},
+    "fed_rotmnist": {"fedavg": 71.17, "fedgma": 73.68, "fedprox": 77.48,
+                     "fedgma_fedprox": 78.35},
+}
+ALGS = ("fedavg", "fedgma", "fedprox", "fedgma_fedprox")
+# The test-client accuracy of each task: the test split for MNIST (FedGMA §5.1 "client
+# sample test"), the test clients with unseen colors / angles for FedCMNIST / FedRotMNIST
+# (FedGMA §5.2).
+METRIC = {"mnist_noniid": "test_accuracy", "fed_cmnist": "ood_accuracy",
+          "fed_rotmnist": "ood_accuracy"}
 NAME = {"fedavg": "FedAvg", "fedgma": "FedGMA (τ = 0.4)", "fedprox": "FedProx (μ = 0.01)",
         "fedgma_fedprox": "FedGMA + FedProx"}
 SHORT = {"fedavg": "FedAvg", "fedgma": "FedGMA", "fedprox": "FedProx",
@@ -49,16 +61,118 @@ ROW_NAME = {"mnist": "MNIST non-i.i.d.", "fed_cmnist": "FedCMNIST non-i.i.d.",
 WHERE = {"mnist": "Table 1", "fed_cmnist": "Table 2", "fed_rotmnist": "Table 2"}
 
 
+class Source(NamedTuple):
+  """A part of a spec (its ``group``, the option of its ``row`` axis, the columns) and the
+  file the former script wrote for the same settings."""
+  spec: str
+  group: str
+  row: str | None
+  methods: tuple
+  former: str
+
+
+SOURCES = {
+    "h100_mnist": Source("spec.yaml", "full", "mnist", ALGS,
+                         "results_gpu_h100/mnist.json"),
+    "h100_fed_cmnist": Source("spec.yaml", "full", "fed_cmnist", ALGS,
+                              "results_gpu_h100/fed_cmnist.json"),
+    "h100_fed_rotmnist": Source("spec.yaml", "full", "fed_rotmnist", ALGS,
+                                "results_gpu_h100/fed_rotmnist.json"),
+    "mnist_r150": Source("spec.yaml", "mnist_r150", None, ("fedavg", "fedgma"),
+                         "results_cpu_r150/mnist.json"),
+    "mnist_r150_prox": Source("spec.yaml", "mnist_r150", None, ("fedprox", "fedgma_fedprox"),
+                              "results_cpu_r150_prox/mnist.json"),
+    "mnist_r30": Source("spec.yaml", "mnist_r30", None, ("fedavg", "fedgma"),
+                        "results_cpu/mnist.json"),
+    "cmnist_r20": Source("spec.yaml", "cmnist_r20", None, ("fedavg", "fedgma"),
+                         "results_cpu/fed_cmnist.json"),
+    "tune_mnist": Source("tune.yaml", "tune", None, ("fedavg", "fedgma"),
+                         "results_cpu_r150/tune_mnist.json"),
+}
+
+
+def last_mean(history, metric: str, last: int) -> float:
+  """Mean of ``metric`` over the last ``last`` history entries (FedGMA's "average test
+  performance over the last 20 rounds" when every round is evaluated, as in every run
+  of the specs here)."""
+  vals = [h[metric] for h in history if metric in h]
+  if not vals:
+    raise ValueError(f"metric {metric!r} not in the run's history.")
+  return float(np.mean(vals[-last:]))
+
+
+def column(rec: dict) -> str:
+  """A record's table column: its algorithm, ``fedgma_<base>`` for FedGMA over another
+  base than FedAvg."""
+  name, base = rec["registry_name"], rec["hparams"].get("base", "fedavg")
+  return name if name != "fedgma" or base == "fedavg" else f"fedgma_{base}"
+
+
+def _run_of(rec: dict) -> dict:
+  """A record as the former script's per-run dict (the keys the tables read)."""
+  cfg = rec["key"]["config"]
+  ok = rec["status"] == "ok"
+  return {"label": column(rec), "seed": rec["key"]["seed"], "algorithm": rec["registry_name"],
+          "hparams": rec["hparams"],
+          "last_mean": (last_mean(rec["history"], METRIC[cfg["task"]], int(cfg["last_k"]))
+                        if ok else None),
+          "final": rec["final"] or {}, "seconds": rec.get("seconds"),
+          "data_note": rec["data"]["note"]}
+
+
+def records(src: Source) -> dict:
+  """``{path relative to this folder: record}``: the raw records of ``src``'s runs that
+  are on disk for the spec's current settings (a record of a changed configuration does
+  not count), run by run, seeds in order."""
+  sp = spec.load_spec(HERE / src.spec)
+  where = {"group": [src.group], **({"row": [src.row]} if src.row else {})}
+  out = {}
+  for run in sp.select(where):
+    for s in sp.seeds:
+      path = sp.record_path(HERE, run, s)
+      rec = spec.kept_record(path, spec.run_key(sp, run, s))
+      if rec is not None and column(rec) in src.methods:
+        out[path.relative_to(HERE).as_posix()] = rec
+  return out
+
+
 @functools.lru_cache(maxsize=None)
-def load(rel: str) -> dict:
-  return json.loads((HERE / rel).read_text())
+def load(name: str) -> dict:
+  """The runs of ``SOURCES[name]`` as the former script's results dict: ``rounds``,
+  ``last``, ``seed`` (the first seed), ``runs`` (per run: ``label``, ``seed``,
+  ``last_mean``, ``final``, ``hparams``, ``data_note``, ...), ``raw`` (where they are,
+  relative to this folder) and ``from``: the spec's raw records (``'records'``) when any
+  exist, else the file the former script wrote for the same settings (``'former'``)."""
+  src = SOURCES[name]
+  recs = records(src)
+  if not recs:
+    res = json.loads((HERE / src.former).read_text())
+    return {**res, "seed": res.get("seed", res.get("seeds", [None])[0]),
+            "runs": res.get("runs", res.get("trials")), "raw": src.former,
+            "from": "former"}
+  cfg = next(iter(recs.values()))["key"]["config"]
+  folders = sorted({str(pathlib.PurePosixPath(p).parent) + "/" for p in recs})
+  return {"rounds": cfg["rounds"], "last": cfg["last_k"],
+          "seed": min(r["key"]["seed"] for r in recs.values()),
+          "runs": [_run_of(r) for r in recs.values()], "raw": ", ".join(folders),
+          "from": "records"}
+
+
+def _raw(former: str, *res: dict, fmt: str | None = None) -> str:
+  """Where a table's runs are, for its caption: ``former`` (the former files' wording)
+  while every part comes from them, else each part's place (``fmt`` formatted with
+  them, default joined by commas)."""
+  if all(r["from"] == "former" for r in res):
+    return former
+  places = [f"`{r['raw']}`" for r in res]
+  return fmt.format(*places) if fmt else ", ".join(dict.fromkeys(places))
 
 
 def data_caveat(*results: dict) -> str:
   """``''``, or the caveat that these results' clients come from the partitioner used
   before Flower Datasets' (their runs' data notes do not name Flower)."""
   return tuning.partitioner_caveat(r.get("data_note") for res in results
-                                   for r in res.get("runs", res.get("trials", [])))
+                                   for r in res["runs"])
 
 
 def _data(*results: dict) -> str:
@@ -97,61 +211,61 @@ def _table(head, rows) -> str:
 # ---- tables -------------------------------------------------------------------------
 
 def h100() -> str:
-  res = {r: load(f"results_gpu_h100/{r}.json") for r in ("mnist", "fed_cmnist",
-                                                            "fed_rotmnist")}
+  res = {r: load(f"h100_{r}") for r in ("mnist", "fed_cmnist", "fed_rotmnist")}
   head = ["accuracy % (last 20 rounds)", "MNIST paper", "MNIST ours", "FedCMNIST paper",
           "FedCMNIST ours (OOD)", "FedRotMNIST paper", "FedRotMNIST ours (OOD)"]
   rows = []
-  for a in _REPRO.ALGS:
+  for a in ALGS:
     cells = [NAME[a]]
     for r in ("mnist", "fed_cmnist", "fed_rotmnist"):
       cells += [f"{PAPER[r][a]:g}", ms(seeds_of(res[r], a))]
     rows.append(cells)
-  return ("Mean ± sample std over seeds 0, 1, 2 (ddof 1). Raw: "
-          "`results_gpu_h100/{mnist,fed_cmnist,fed_rotmnist}.json`." + _data(*res.values())
-          + "\n\n" + _table(head, rows))
+  raw = _raw("`results_gpu_h100/{mnist,fed_cmnist,fed_rotmnist}.json`", *res.values())
+  return ("Mean ± sample std over seeds 0, 1, 2 (ddof 1). Raw: " + raw + "."
+          + _data(*res.values()) + "\n\n" + _table(head, rows))
 
 
 def mnist_cpu() -> str:
-  r150 = load("results_cpu_r150/mnist.json")
-  r30 = load("results_cpu/mnist.json")
+  r150 = load("mnist_r150")
+  r30 = load("mnist_r30")
   head = ["MNIST non-i.i.d., test accuracy %", "paper (full MNIST)",
           f"ours, {r150['rounds']} rounds, last-{r150['last']} mean (seeds 0,1,2)",
-          f"ours, {r30['rounds']} rounds, last-{r30['last']} mean (`results_cpu/mnist.json`)"]
+          f"ours, {r30['rounds']} rounds, last-{r30['last']} mean (`{r30['raw']}`)"]
   rows = [[NAME[a], f"{PAPER['mnist'][a]:g}", with_seeds(seeds_of(r150, a)),
            ms(seeds_of(r30, a))] for a in ("fedavg", "fedgma")]
-  return ("Raw: `results_cpu_r150/mnist.json`, `results_cpu/mnist.json`." + _data(r150, r30)
+  return (f"Raw: `{r150['raw']}`, `{r30['raw']}`." + _data(r150, r30)
           + "\n\n" + _table(head, rows))
 
 
 def tune_mnist() -> str:
-  t = load("results_cpu_r150/tune_mnist.json")
-  fa = [x for x in t["trials"] if x["label"] == "fedavg"]
-  fg = [x for x in t["trials"] if x["label"] == "fedgma"]
+  t = load("tune_mnist")
+  fa = sorted((x for x in t["runs"] if x["label"] == "fedavg"),
+              key=lambda x: x["hparams"]["client_lr"])
+  fg = sorted((x for x in t["runs"] if x["label"] == "fedgma"),
+              key=lambda x: x["hparams"]["tau"])
   cap = (f"Tuning seed {t['seed']} (not a reported seed), {t['rounds']} rounds; every cell is "
          f"a last-20 mean of the **test** accuracy, the score this tuning selected on "
-         f"(test data, not validation). Raw: `results_cpu_r150/tune_mnist.json`."
-         + _data(t) + "\n\n")
-  a = _table(["FedAvg client lr"] + [f"{x['overrides']['client_lr']:g}" for x in fa],
+         f"(test data, not validation). Raw: `{t['raw']}`." + _data(t) + "\n\n")
+  a = _table(["FedAvg client lr"] + [f"{x['hparams']['client_lr']:g}" for x in fa],
              [["last-20 test acc."] + [f"{100 * x['last_mean']:.1f}" for x in fa]])
-  lr = {x["overrides"]["client_lr"] for x in fg}
+  lr = {x["hparams"]["client_lr"] for x in fg}
   g = _table([f"FedGMA τ (lr {', '.join(f'{v:g}' for v in sorted(lr))})"]
-             + [f"{x['overrides']['tau']:g}" for x in fg],
+             + [f"{x['hparams']['tau']:g}" for x in fg],
              [["last-20 test acc."] + [f"{100 * x['last_mean']:.1f}" for x in fg]])
   return cap + a + "\n\n" + g
 
 
 def prox_cpu() -> str:
-  res = load("results_cpu_r150_prox/mnist.json")
+  res = load("mnist_r150_prox")
   head = ["MNIST non-i.i.d., test accuracy %", "paper (full MNIST)",
           f"ours, {res['rounds']} rounds, last-{res['last']} mean (seeds 0,1,2)"]
   rows = [[NAME[a], f"{PAPER['mnist'][a]:g}", with_seeds(seeds_of(res, a))]
           for a in ("fedprox", "fedgma_fedprox")]
-  return "Raw: `results_cpu_r150_prox/mnist.json`." + _data(res) + "\n\n" + _table(head, rows)
+  return f"Raw: `{res['raw']}`." + _data(res) + "\n\n" + _table(head, rows)
 
 
 def cmnist_cpu() -> str:
-  res = load("results_cpu/fed_cmnist.json")
+  res = load("cmnist_r20")
   head = [f"FedCMNIST (non-i.i.d.), last-{res['last']} OOD accuracy %",
           "paper (full size, last 20 rounds)", "ours (reduced, mean ± std, seeds 0,1,2)",
           "final train accuracy"]
@@ -165,7 +279,7 @@ def cmnist_cpu() -> str:
   rows.append([f"{SHORT['fedprox']} / {SHORT['fedgma_fedprox']}",
                f"{PAPER['fed_cmnist']['fedprox']:g} / "
                f"{PAPER['fed_cmnist']['fedgma_fedprox']:g}", "not run", ""])
-  return "Raw: `results_cpu/fed_cmnist.json`." + _data(res) + "\n\n" + _table(head, rows)
+  return f"Raw: `{res['raw']}`." + _data(res) + "\n\n" + _table(head, rows)
 
 
 TABLES = {"h100": h100, "mnist_cpu": mnist_cpu, "tune_mnist": tune_mnist,
@@ -195,10 +309,10 @@ def _claim(row, method, base, res, setting, what_extra="") -> Claim:
 
 def claims() -> list:
   out = []
-  r150 = load("results_cpu_r150/mnist.json")
-  prox = load("results_cpu_r150_prox/mnist.json")
-  r30 = load("results_cpu/mnist.json")
-  cm = load("results_cpu/fed_cmnist.json")
+  r150 = load("mnist_r150")
+  prox = load("mnist_r150_prox")
+  r30 = load("mnist_r30")
+  cm = load("cmnist_r20")
   cpu150 = "CPU, 2,000 sample images, 150 rounds, CNN 16-32"
   out.append(_claim("mnist", "fedgma", "fedavg", r150, cpu150))
   out.append(_claim("mnist", "fedgma_fedprox", "fedprox", prox, cpu150))
@@ -207,14 +321,15 @@ def claims() -> list:
   out.append(dataclasses.replace(
       c, ours=seeds_of(prox, "fedprox"),
       note="; ".join(filter(None, [
-          "FedAvg from `results_cpu_r150`, FedProx from `results_cpu_r150_prox`: same "
-          "settings and seeds", data_caveat(r150, prox)]))))
+          _raw("FedAvg from `results_cpu_r150`, FedProx from `results_cpu_r150_prox`",
+               r150, prox, fmt="FedAvg from {}, FedProx from {}") + ": same settings and "
+          "seeds", data_caveat(r150, prox)]))))
   out.append(_claim("mnist", "fedgma", "fedavg", r30,
                     "CPU, 2,000 sample images, 30 rounds, CNN 16-32", " of 30"))
   out.append(_claim("fed_cmnist", "fedgma", "fedavg", cm,
                     "CPU, 600 sample images, 20 rounds, 5 local steps, CNN 16-32", " of 20"))
   for row in ("mnist", "fed_cmnist", "fed_rotmnist"):
-    res = load(f"results_gpu_h100/{row}.json")
+    res = load(f"h100_{row}")
     for m, b in (("fedgma", "fedavg"), ("fedgma_fedprox", "fedprox"), ("fedprox", "fedavg")):
       out.append(_claim(row, m, b, res, H100))
   return out

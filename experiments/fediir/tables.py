@@ -1,29 +1,40 @@
-"""FedIIR README tables and verdict claims, from the committed raw results of this folder.
+"""FedIIR README tables and verdict claims, from the raw results of this folder.
 
 ``python experiments/fair.py tables --only fediir`` renders every ``<!-- table:fediir/NAME
 -->`` block of ``experiments/fediir/README.md`` from :data:`TABLES`; ``claims()`` gives the
 paper comparisons of those tables to the verdicts table (``<!-- table:fediir/verdicts -->``
 and the top-level one). The fair row ``fediir_c5`` is ``experiments/fair.py``'s own; the
-reduced 5-client run at 0° (``results_cpu/c5.json``) holds the same per-seed numbers as that
-row's starting values, so its verdict is that row's and it gets no second claim.
+reduced 5-client run at 0° (spec group ``cpu_c5``, 0°) holds the same per-seed numbers as
+that row's starting values, so its verdict is that row's and it gets no second claim.
 
-Raw files (one JSON per command of ``reproduce.py``; per method, held-out domain and seed:
-the validation-selected round, its test accuracy, and the last round's):
+The runs are those of ``spec.yaml`` (``fedjax-inv experiment experiments/fediir/spec.yaml``,
+one raw record per run and seed under ``results/raw/<group>/``). :func:`load` reads one
+slice of a group (some of its held-out domains): from the spec's records when any record of
+that slice exists, else from the file that the former script, ``reproduce.py``,
+wrote with the same settings, one JSON per command (:data:`FORMER`; per method, held-out
+domain and seed: the validation-selected round, its test accuracy, and the last round's):
 
-* ``results_gpu_h100/{c5,c50,gamma}.json``: ``run_full.sh`` on one H100.
-* ``results_cpu/{c5,c50}.json``: 0° held out, 300 images per domain, 30 rounds.
-* ``results_cpu_c50_h75/c50.json``, ``results_cpu_c50_rest/c50.json``: the other domains.
-* ``results_cpu_r100/c5.json``: 0°, ≈833 images per domain, 100 rounds.
-* ``results_cpu_h75/c5.json``: 75°, 300 images per domain, 30 rounds.
-* ``results_cpu_gamma/gamma.json``: the γ grid at 50 clients, 0°.
+* ``results_gpu_h100/{c5,c50,gamma}.json``: groups ``gpu_c5``, ``gpu_c50``, ``gpu_gamma``,
+  run on one H100.
+* ``results_cpu/{c5,c50}.json``: ``cpu_c5`` and ``cpu_c50`` at 0°.
+* ``results_cpu_c50_h75/c50.json``, ``results_cpu_c50_rest/c50.json``: ``cpu_c50`` at the
+  other domains.
+* ``results_cpu_r100/c5.json``: ``cpu_c5_r100``.
+* ``results_cpu_h75/c5.json``: ``cpu_c5`` at 75°.
+* ``results_cpu_gamma/gamma.json``: ``cpu_gamma``.
+
+Either way a run is the same dict: ``label`` (fedavg / fediir), ``holdout``, ``seed``,
+``penalty_code`` (FedIIR's γ in the official code's convention, half our ``gamma``; 0 for
+FedAvg), ``selected`` (``round``, ``val``, ``test``: the round of :func:`select_by_val`),
+``final_test``, ``local_steps``, ``hparams``, ``seconds``, ``data_note``.
 
 ± everywhere: :func:`fedjax_inv.runner.outputs.format_mean_std` (sample std over seeds, ddof 1).
 """
 from __future__ import annotations
 
 import functools
-import importlib.util
 import json
+import math
 import pathlib
 
 import numpy as np
@@ -35,17 +46,27 @@ HERE = pathlib.Path(__file__).resolve().parent
 FOLDER = "experiments/fediir"
 DOMAINS = ("0", "15", "30", "45", "60", "75")
 
+SPEC = HERE / "spec.yaml"
+RAW = HERE / "results" / "raw"  # the spec's record paths: raw/<group>/<name>-seed<s>.json
+RULE = "max:val_accuracy"       # the spec's `select`
+# The former script's files: {file: (spec group, the held-out domains it holds)}.
+FORMER = {
+    "results_cpu/c5.json": ("cpu_c5", ("0",)),
+    "results_cpu_h75/c5.json": ("cpu_c5", ("75",)),
+    "results_cpu_r100/c5.json": ("cpu_c5_r100", ("0",)),
+    "results_cpu/c50.json": ("cpu_c50", ("0",)),
+    "results_cpu_c50_h75/c50.json": ("cpu_c50", ("75",)),
+    "results_cpu_c50_rest/c50.json": ("cpu_c50", ("15", "30", "45", "60")),
+    "results_cpu_gamma/gamma.json": ("cpu_gamma", ("0",)),
+    "results_gpu_h100/c5.json": ("gpu_c5", DOMAINS),
+    "results_gpu_h100/c50.json": ("gpu_c50", DOMAINS),
+    "results_gpu_h100/gamma.json": ("gpu_gamma", DOMAINS),
+}
+
 # FedIIR's published numbers (test accuracy %, mean ± std over 3 runs).
 # Table 1 / Table 2: average over the 6 held-out domains, 5 / 50 clients.
-def _reproduce():
-  spec = importlib.util.spec_from_file_location("fediir_reproduce_for_tables",
-                                                HERE / "reproduce.py")
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  return mod
-
-
-PAPER_AVG = _reproduce().PAPER
+PAPER_AVG = {"c5": {"fedavg": (94.5, 0.1), "fediir": (95.0, 0.2)},
+             "c50": {"fedavg": (90.8, 0.6), "fediir": (93.0, 0.3)}}
 # Table 4 (5 clients) and Table 8 (50 clients, 5 sampled per round): per held-out domain.
 PAPER_DOMAIN = {
     "c5": {"fedavg": {"0": (82.7, 0.3), "15": (98.2, 0.1), "30": (99.0, 0.1),
@@ -69,9 +90,75 @@ def _p(v) -> str:
   return f"{v[0]:.1f} ± {v[1]:.1f}" if v[1] is not None else f"{v[0]:.1f}"
 
 
+def select_by_val(history) -> dict:
+  """The evaluated round with the highest (pooled) training-domain validation accuracy,
+  the first one on ties, as the official code's model selection (the spec's ``select:
+  max:val_accuracy``); returns its round, val and test (ood) accuracy."""
+  best = max(range(len(history)), key=lambda i: (history[i]["val_accuracy"], -i))
+  h = history[best]
+  return {"round": h["round"], "val": h["val_accuracy"], "test": h["ood_accuracy"]}
+
+
+def run_of(rec: dict) -> dict:
+  """The run dict (module docstring) of one raw record of the spec. A diverged run's
+  accuracies are NaN (counted as not finite).
+
+  Raises:
+    ValueError: the record's own selection (the spec's ``select``) is not the round
+      :func:`select_by_val` picks.
+  """
+  hp, key = rec["hparams"], rec["key"]
+  run = {"label": rec["algorithm"], "holdout": str(key["config"]["holdout"]),
+         "seed": int(key["seed"]), "penalty_code": float(hp.get("gamma", 0.0)) / 2,
+         "hparams": hp, "local_steps": hp["local_steps"], "seconds": rec.get("seconds"),
+         "data_note": rec["data"]["note"], "status": rec["status"]}
+  if rec["status"] != "ok":
+    return {**run, "selected": {"round": None, "val": math.nan, "test": math.nan},
+            "final_test": math.nan}
+  sel = select_by_val(rec["history"])
+  if sel["round"] != rec["selected"][RULE]["round"]:
+    raise ValueError(f"{key['group']}/{key['name']} seed {key['seed']}: the record selected "
+                     f"round {rec['selected'][RULE]['round']}, select_by_val {sel['round']}.")
+  return {**run, "selected": sel, "final_test": rec["final"]["ood_accuracy"]}
+
+
+def records(group: str, holdouts=DOMAINS) -> list:
+  """The run dicts of the spec's records of ``group`` at ``holdouts`` (``[]``: none)."""
+  runs = [run_of(json.loads(f.read_text())) for f in sorted((RAW / group).glob("*.json"))]
+  return sorted((r for r in runs if r["holdout"] in holdouts),
+                key=lambda r: (r["seed"], DOMAINS.index(r["holdout"]), r["label"],
+                               r["penalty_code"]))
+
+
 @functools.lru_cache(maxsize=None)
 def load(rel: str) -> dict:
-  return json.loads((HERE / rel).read_text())
+  """The runs of the former file ``rel`` (:data:`FORMER`), as ``{'runs', 'holdouts',
+  'seeds', 'rounds', 'source'}``: from the spec's records of its group and held-out
+  domains when any exists (``source`` = their folder), else from the file (``source`` =
+  ``rel``)."""
+  group, holdouts = FORMER[rel]
+  runs = records(group, holdouts)
+  if not runs:
+    res = json.loads((HERE / rel).read_text())
+    return {**res, "source": rel}
+  from fedjax_inv.runner import spec
+  sp = spec.load_spec(SPEC)
+  rounds = {r.cfg["rounds"] for r in sp.runs if r.group == group}
+  return {"runs": runs, "holdouts": list(holdouts), "seeds": list(sp.seeds),
+          "rounds": rounds.pop(), "source": f"results/raw/{group}/"}
+
+
+def former(rel: str) -> bool:
+  """Whether :func:`load` reads ``rel`` from the former script's file."""
+  return load(rel)["source"] == rel
+
+
+def raw(rel: str, note: str = "") -> str:
+  """Where the numbers of ``rel`` come from, for a caption: ```rel``` (with `` (note)``)
+  or the spec's record folder and the held-out domains."""
+  if former(rel):
+    return f"`{rel}`" + (f" ({note})" if note else "")
+  return f"`{load(rel)['source']}` ({', '.join(d + '°' for d in FORMER[rel][1])})"
 
 
 def _runs(res, label, penalty=None):
@@ -151,9 +238,12 @@ def h100() -> str:
     name = f"γ row (c50): FedIIR γ = {_g(g)}" if i == 0 else f"γ row: FedIIR γ = {_g(g)}"
     rows.append(row(name, gm, "fediir", "—", penalty=g))
   part = "; ".join(f"γ = {_g(g)}: {k} of {n}" for g, k in partial)
+  rels = [f"results_gpu_h100/{r}.json" for r in ("c5", "c50", "gamma")]
+  src = ("`results_gpu_h100/{c5,c50,gamma}.json`" if all(map(former, rels))
+         else ", ".join(raw(r) for r in rels))
   return ('"ours": mean ± sample std (ddof 1) over seeds 0, 1, 2 of the six-domain mean; '
-          'the domain columns and "last round" are means over the seeds. Raw: '
-          "`results_gpu_h100/{c5,c50,gamma}.json`. The γ row shows the γ values that "
+          f'the domain columns and "last round" are means over the seeds. Raw: {src}. '
+          "The γ row shows the γ values that "
           f"finished for all {n} (domain, seed) pairs"
           + (f" (partial, not shown: {part})" if part else "") + ".\n\n"
           + _table(head, rows))
@@ -171,7 +261,7 @@ def c50_h0() -> str:
     name = NAME[a] if a == "fedavg" else "FedIIR (γ_code = 1e-2)"
     rows.append([name, f"{_p(PAPER_AVG['c50'][a])} (0°: {_p(PAPER_DOMAIN['c50'][a]['0'])})",
                  with_seeds(sel), with_seeds(last) if last != sel else ms(last)])
-  return "Raw: `results_cpu/c50.json`.\n\n" + _table(head, rows)
+  return f"Raw: {raw('results_cpu/c50.json')}.\n\n" + _table(head, rows)
 
 
 def _c50_cpu():
@@ -197,9 +287,11 @@ def c50_all() -> str:
     rows.append([name] + cells + [f"**{ms(seed_avg(res, a))}**"])
   fa, fi = seed_avg(res, "fedavg"), seed_avg(res, "fediir")
   seeds = lambda v: " / ".join(f"{x:.1f}" for x in v)  # noqa: E731
-  return ("Raw: `results_cpu/c50.json` (0°), `results_cpu_c50_h75/c50.json` (75°), "
-          '`results_cpu_c50_rest/c50.json` (15°-60°). "average": mean ± std over seeds of '
-          "the six-domain mean.\n\n" + _table(head, rows) + "\n\n"
+  src = ", ".join(raw(r, n) for r, n in (("results_cpu/c50.json", "0°"),
+                                          ("results_cpu_c50_h75/c50.json", "75°"),
+                                          ("results_cpu_c50_rest/c50.json", "15°-60°")))
+  return (f'Raw: {src}. "average": mean ± std over seeds of the six-domain mean.\n\n'
+          + _table(head, rows) + "\n\n"
           f"Six-domain mean per seed (selected): FedAvg {seeds(fa)}, FedIIR {seeds(fi)}. "
           f"Last round instead of the selected one: FedAvg "
           f"{ms(seed_avg(res, 'fedavg', 'final'))}, FedIIR {ms(seed_avg(res, 'fediir', 'final'))}.")
@@ -217,7 +309,7 @@ def _c5_table(rel, title, paper_col) -> str:
     name = NAME[a] if a == "fedavg" else "FedIIR (γ_code = 1e-2)"
     rows.append([name] + ([_p(PAPER_DOMAIN["c5"][a][d])] if paper_col else [])
                 + [with_seeds(sel), with_seeds(last) if last != sel else ms(last)])
-  return f"Raw: `{rel}`.\n\n" + _table(head, rows)
+  return f"Raw: {raw(rel)}.\n\n" + _table(head, rows)
 
 
 def _fair_starting(label) -> list:
@@ -267,7 +359,7 @@ def gamma_cpu() -> str:
           + [ms(per_seed(res, "fediir", "0", penalty=g)) for g in gs],
           [f"test 0°, last round ({res['rounds']})"]
           + [ms(per_seed(res, "fediir", "0", "final", penalty=g)) for g in gs]]
-  return ("Raw: `results_cpu_gamma/gamma.json`. Every cell is read on the held-out 0° "
+  return (f"Raw: {raw('results_cpu_gamma/gamma.json')}. Every cell is read on the held-out 0° "
           "domain (test data): a sensitivity sweep, not a way to pick γ.\n\n"
           + _table(head, rows))
 

@@ -1,60 +1,104 @@
 """The generated tables of experiments/fedsr/README.md and the folder's verdict claims.
 
 ``python experiments/fair.py tables --only fedsr`` renders every ``<!-- table:fedsr/NAME -->``
-block from ``TABLES[NAME]()``; ``claims()`` feeds ``<!-- table:fedsr/verdicts -->`` and the
-top-level verdicts table. Reads committed files only:
+block from ``TABLES[NAME]()`` and the ``<!-- fair:fedsr_cpu_r500 -->`` block from
+:func:`raw_table`; ``claims()`` feeds ``<!-- table:fedsr/verdicts -->`` and the top-level
+verdicts table. Runs nothing. ``python experiments/fedsr/tables.py [GROUP ...]`` prints
+each spec group's table.
 
-* ``cpu_r500_persistent/<alg>/h<D>/summary.json``: the CPU six-domain runs, per seed (raw).
-* ``h100_r500/*.csv|*.log`` (lr 1e-3) and ``h100_r500_lr1e-2/*.csv`` (lr 1e-2): the H100
-  runs, of which only per-domain means and stds survive (no per-seed files). The CSVs
-  hold the population std over the 3 seeds (ddof 0, the convention when they were
-  written); FedAvg's and FedSR's lr 1e-3 rows exist only as the aggregate table printed
-  at the end of ``h100_r500/fedavg.log`` / ``fedsr.log`` (percent, one decimal). Both are
-  shown here as mean ± sample std (ddof 1): std × √(n/(n−1)) with n = 3 seeds.
+Every table reads its numbers through :func:`load`, one (spec group, method) at a time:
+the raw records of that part of ``spec.yaml`` (``fedjax-inv experiment``, one record per
+held-out domain and seed under ``results/raw/<group>/``) when any exist for the spec's
+current settings, else the folder the former scripts wrote with the same settings
+(:data:`FORMER`):
+
+* ``cpu_r500_persistent/<method>/h<D>/summary.json`` (group ``persistent_lr1e-3``): the CPU
+  six-domain runs, per seed.
+* ``h100_r500/*.csv|*.log`` (group ``restart_lr1e-3``) and ``h100_r500_lr1e-2/*.csv``
+  (group ``restart_lr1e-2``): the H100 runs, of which only per-domain means and stds
+  survive (no per-seed files). The CSVs hold the population std over the 3 seeds (ddof
+  0, the convention when they were written); FedAvg's and FedSR's lr 1e-3 rows exist only
+  as the aggregate table printed at the end of ``h100_r500/fedavg.log`` / ``fedsr.log``
+  (percent, one decimal). Both are shown here as mean ± sample std (ddof 1): std ×
+  √(n/(n−1)) with n = 3 seeds.
+
+The reported number is the held-out domain's accuracy at the last round (FedSR §4.2).
 """
 from __future__ import annotations
 
 import csv
-import importlib.util
+import functools
+import json
 import math
 import pathlib
 import re
+import statistics
 
 from fedjax_inv.eval.verdict import Claim
+from fedjax_inv.runner import outputs, spec
 
 HERE = pathlib.Path(__file__).resolve().parent
 FOLDER = "experiments/fedsr"
-
-
-def _table_module():
-  spec = importlib.util.spec_from_file_location("fedsr_table", HERE / "table.py")
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  return mod
-
-
-_T = _table_module()
-DOMAINS, PAPER, ORDER = _T.DOMAINS, _T.PAPER, _T.ORDER
+DOMAINS = ["0", "15", "30", "45", "60", "75"]
 COLS = DOMAINS + ["avg"]
+# FedSR Table 1 (3 runs): per-domain mean, and the paper's average column.
+PAPER = {
+    "fedavg": ([85.9, 98.7, 98.8, 98.9, 98.7, 86.2], 94.5),
+    "fedcmi": ([91.5, 99.2, 99.3, 99.2, 99.2, 91.0], 96.5),
+    "fedl2r": ([90.5, 99.1, 99.2, 99.1, 99.2, 90.7], 96.3),
+    "fedsr": ([91.6, 99.3, 99.3, 99.2, 99.3, 91.5], 96.7),
+}
+ORDER = ["fedavg", "fedl2r", "fedcmi", "fedsr"]
 NAMES = {"fedavg": "FedAvg", "fedl2r": "FedL2R", "fedcmi": "FedCMI", "fedsr": "FedSR"}
-H100 = {"1e-3": (HERE / "h100_r500", ""), "1e-2": (HERE / "h100_r500_lr1e-2", "lr1e-2_")}
+# spec group -> the folder the former scripts wrote its rows into, with the same settings
+FORMER = {"persistent_lr1e-3": "cpu_r500_persistent", "restart_lr1e-3": "h100_r500",
+          "restart_lr1e-2": "h100_r500_lr1e-2"}
+H100 = {"1e-3": "restart_lr1e-3", "1e-2": "restart_lr1e-2"}  # the H100 tables' groups
+CPU = "persistent_lr1e-3"
 N_SEEDS = 3  # every H100 row: seeds 0, 1, 2 (the command line at the top of each log)
 
 
-def _from_csv(path: pathlib.Path, alg: str) -> dict:
+def records(group: str, method: str) -> list:
+  """The raw records of ``method`` in spec group ``group`` that are on disk for the spec's
+  current settings (a record of a changed configuration does not count), run by run,
+  seeds in order."""
+  sp = spec.load_spec(HERE / "spec.yaml")
+  out = []
+  for run in sp.select({"group": [group], "method": [method]}):
+    for s in sp.seeds:
+      rec = spec.kept_record(sp.record_path(HERE, run, s), spec.run_key(sp, run, s))
+      if rec is not None:
+        out.append(rec)
+  return out
+
+
+def _per_seed_former(folder: pathlib.Path, method: str) -> dict:
+  """``{domain: {seed: accuracy}}`` of the last round, from the former per-domain folders
+  ``folder/<method>/h<D>/summary.json`` (missing domains absent)."""
+  res = {}
+  for d in DOMAINS:
+    f = folder / method / f"h{d}" / "summary.json"
+    if f.is_file():
+      runs = json.loads(f.read_text())["runs"]
+      res[d] = {r["seed"]: r["selected"]["last"]["ood_accuracy"] for r in runs
+                if str(r["holdout"]) == d}
+  return res
+
+
+def _from_csv(path: pathlib.Path, method: str) -> dict:
   """``{column: (mean %, population std %)}`` of the 'last' row of a results.csv."""
   with open(path) as f:
     for row in csv.DictReader(f):
-      if row["selection"] == "last" and row["algorithm"] == alg:
+      if row["selection"] == "last" and row["algorithm"] == method:
         return {c: (100 * float(row[f"{c}_mean"]), 100 * float(row[f"{c}_std"]))
                 for c in COLS}
-  raise ValueError(f"{path}: no 'last' row for {alg}")
+  raise ValueError(f"{path}: no 'last' row for {method}")
 
 
-def _from_log(path: pathlib.Path, alg: str) -> dict:
+def _from_log(path: pathlib.Path, method: str) -> dict:
   """``{column: (mean %, population std %)}`` from the '### last' table of a run log."""
   text = path.read_text().split("### last", 1)[1]
-  m = re.search(rf"^\| {alg} \|(.*)\|$", text, re.M)
+  m = re.search(rf"^\| {method} \|(.*)\|$", text, re.M)
   cells = [c.strip() for c in m.group(1).split("|")]
   out = {}
   for c, cell in zip(COLS, cells):
@@ -63,42 +107,139 @@ def _from_log(path: pathlib.Path, alg: str) -> dict:
   return out
 
 
-def h100(lr: str, alg: str):
-  """``({column: (mean %, sample std %)}, source file)`` of one H100 row."""
-  folder, prefix = H100[lr]
-  f = folder / f"{prefix}{alg}.csv"
-  if f.is_file():
-    raw = _from_csv(f, alg)
-  else:
-    f = folder / f"{prefix}{alg}.log"
-    raw = _from_log(f, alg)
+def _seed_avg(seeds: dict) -> list | None:
+  """The six-domain average per seed (seeds in order), or None unless every domain has
+  every seed."""
+  have = sorted({s for r in seeds.values() for s in r})
+  if len(seeds) == len(DOMAINS) and have and all(set(r) == set(have)
+                                                 for r in seeds.values()):
+    return [statistics.mean(seeds[d][s] for d in DOMAINS) for s in have]
+  return None
+
+
+def _cells(seeds: dict) -> dict:
+  """``{column: (mean %, sample std %)}`` from per-seed accuracies ('avg' only when every
+  domain has every seed)."""
+  out = {d: outputs.mean_std([100 * v for v in seeds[d].values()]) for d in seeds}
+  avg = _seed_avg(seeds)
+  if avg is not None:
+    out["avg"] = outputs.mean_std([100 * v for v in avg])
+  return out
+
+
+@functools.lru_cache(maxsize=None)
+def load(group: str, method: str) -> dict:
+  """What the tables show of ``method`` in spec group ``group``: the held-out domain's
+  accuracy at the last round, from the group's raw records when any exist for the
+  spec's current settings, else from the former folder (:data:`FORMER`).
+
+  Returns:
+    ``{'from': 'records' | 'former', 'kind': 'records' | 'summary' | 'CSV' | 'log',
+    'source': the file or folder read, relative to this folder, 'seeds': {domain:
+    {seed: accuracy (fraction)}} (empty when only aggregates exist), 'cells': {column:
+    (mean %, sample std %)} (columns with values; 'avg' only when complete), 'n': the
+    number of seeds}``.
+  """
+  recs = records(group, method)
+  if recs:
+    seeds: dict = {}
+    for r in recs:
+      acc = (r.get("final") or {}).get("ood_accuracy")
+      seeds.setdefault(str(r["key"]["config"]["holdout"]), {})[r["key"]["seed"]] = (
+          math.nan if acc is None else acc)
+    seeds = {d: dict(sorted(seeds[d].items())) for d in DOMAINS if d in seeds}
+    return {"from": "records", "kind": "records", "source": f"results/raw/{group}/",
+            "seeds": seeds, "cells": _cells(seeds),
+            "n": len({s for r in seeds.values() for s in r})}
+  folder = HERE / FORMER[group]
+  if group == CPU:
+    seeds = _per_seed_former(folder, method)
+    return {"from": "former", "kind": "summary", "source": f"{FORMER[group]}/{method}/",
+            "seeds": seeds, "cells": _cells(seeds),
+            "n": len({s for r in seeds.values() for s in r})}
+  prefix = "lr1e-2_" if group == "restart_lr1e-2" else ""
+  f = folder / f"{prefix}{method}.csv"
+  raw = _from_csv(f, method) if f.is_file() else None
+  if raw is None:
+    f = folder / f"{prefix}{method}.log"
+    raw = _from_log(f, method)
   k = math.sqrt(N_SEEDS / (N_SEEDS - 1))  # population std -> sample std
-  return {c: (m, s * k) for c, (m, s) in raw.items()}, f
+  return {"from": "former", "kind": "CSV" if f.suffix == ".csv" else "log",
+          "source": f.relative_to(HERE).as_posix(), "seeds": {},
+          "cells": {c: (m, s * k) for c, (m, s) in raw.items()}, "n": N_SEEDS}
+
+
+def _paper_row(method: str) -> str:
+  dom, avg = PAPER[method]
+  return (f"| {method} | paper | " + " | ".join(f"{v:.1f}" for v in dom)
+          + f" | {avg:.1f} |")
+
+
+def raw_table(group: str = CPU, methods=("fedavg", "fedsr")) -> str:
+  """The paper-vs-ours markdown table of a group from per-seed results (:func:`load`):
+  accuracy (%) per held-out domain, mean ± sample std (ddof 1) over seeds; ``avg`` is
+  the mean over the six domains per seed, then mean ± std over seeds (only when every
+  domain has every seed); a domain not run yet shows '(not run)'. Then one row per seed."""
+  def cell(values) -> str:
+    return outputs.format_mean_std(list(values), 1, scale=100.0)
+  lines = [f"| algorithm | source | {' | '.join(DOMAINS)} | avg |",
+           "|---|---|" + "---:|" * (len(DOMAINS) + 1)]
+  seed_lines = [f"| algorithm | seed | {' | '.join(DOMAINS)} |",
+                "|---|---|" + "---:|" * len(DOMAINS)]
+  for method in methods:
+    lines.append(_paper_row(method))
+    res = load(group, method)["seeds"]
+    cells = [cell(res[d].values()) if d in res else "(not run)" for d in DOMAINS]
+    seeds = sorted({s for r in res.values() for s in r})
+    avg = _seed_avg(res)
+    cells.append(cell(avg) if avg is not None else "—")
+    lines.append(f"| {method} | ours ({len(seeds)} seeds, last) | "
+                 + " | ".join(cells) + " |")
+    for s in seeds:
+      seed_lines.append(f"| {method} | {s} | " + " | ".join(
+          f"{100 * res[d][s]:.1f}" if s in res.get(d, {}) else "–" for d in DOMAINS) + " |")
+  return "\n".join(lines) + "\n\nPer seed (test accuracy %, last round):\n\n" + \
+      "\n".join(seed_lines)
+
+
+def h100(lr: str, method: str) -> dict:
+  """:func:`load` of one row of the H100 table at learning rate ``lr``."""
+  return load(H100[lr], method)
 
 
 def h100_table(lr: str) -> str:
+  group = H100[lr]
   lines = [f"| algorithm | source | {' | '.join(DOMAINS)} | avg |",
            "|---|---|" + "---:|" * len(COLS)]
-  sources = []
-  for alg in ORDER:
-    dom, avg = PAPER[alg]
-    lines.append(f"| {alg} | paper | " + " | ".join(f"{v:.1f}" for v in dom)
-                 + f" | {avg:.1f} |")
-    vals, f = h100(lr, alg)
-    kind = "CSV" if f.suffix == ".csv" else "log"
-    sources.append(f"`{f.relative_to(HERE)}`")
-    lines.append(f"| {alg} | ours ({N_SEEDS} seeds, last; {kind}) | " + " | ".join(
-        f"{vals[c][0]:.1f} ± {vals[c][1]:.1f}" for c in COLS) + " |")
-  return ("\n".join(lines) + "\n\nAggregates only, not reproducible from this repository "
-          "(no per-seed files): generated from " + ", ".join(sources) + ". "
-          "± = sample std over the 3 seeds (ddof 1), converted from the files' "
-          "population std (× √(3/2); the logs' std is rounded to 0.1 before that).")
+  former, recorded = [], []
+  for method in ORDER:
+    lines.append(_paper_row(method))
+    row = h100(lr, method)
+    if row["from"] == "former":
+      former.append(f"`{row['source']}`")
+      label = f"ours ({row['n']} seeds, last; {row['kind']})"
+    else:
+      recorded.append(NAMES[method])
+      label = f"ours ({row['n']} seeds, last)"
+    lines.append(f"| {method} | {label} | " + " | ".join(
+        f"{row['cells'][c][0]:.1f} ± {row['cells'][c][1]:.1f}" if c in row["cells"]
+        else "—" for c in COLS) + " |")
+  notes = []
+  if former:
+    notes.append("Aggregates only, not reproducible from this repository (no per-seed "
+                 "files): generated from " + ", ".join(former) + ". ± = sample std over "
+                 "the 3 seeds (ddof 1), converted from the files' population std (× "
+                 "√(3/2); the logs' std is rounded to 0.1 before that).")
+  if recorded:
+    notes.append(f"{', '.join(recorded)}: from the per-seed records in "
+                 f"`results/raw/{group}/`; ± = sample std over seeds (ddof 1).")
+  return "\n".join(lines) + "\n\n" + " ".join(notes)
 
 
-def cpu_per_seed(alg: str) -> dict:
-  """``{domain or 'avg': [accuracy % per seed]}`` of the CPU six-domain runs (seeds in
-  order; 'avg' only when every domain has every seed)."""
-  res = _T.per_seed(HERE / "cpu_r500_persistent", alg)
+def cpu_per_seed(method: str) -> dict:
+  """``{domain or 'avg': [accuracy % per seed]}`` of the six-domain runs with the client
+  momentum kept (seeds in order; 'avg' only when every domain has every seed)."""
+  res = load(CPU, method)["seeds"]
   seeds = sorted({s for r in res.values() for s in r})
   out = {d: [100 * res[d][s] for s in seeds if s in res[d]] for d in res}
   if len(res) == len(DOMAINS) and all(set(r) == set(seeds) for r in res.values()):
@@ -118,8 +259,9 @@ _IMAGES = "1,000 images per domain from the 5,000-image MNIST sample"
 
 def claims() -> list:
   out = []
-  # CPU, 500 rounds, the paper's settings, client momentum kept: per-seed files.
+  # 500 rounds, the paper's settings, client momentum kept: per-seed files.
   fa, fs = cpu_per_seed("fedavg"), cpu_per_seed("fedsr")
+  where = "CPU, " if load(CPU, "fedsr")["from"] == "former" else ""
   for col, what in (("avg", _AVG), ("0", _DOM.format(d=0)), ("75", _DOM.format(d=75))):
     i = COLS.index(col)
     out.append(Claim(
@@ -129,22 +271,48 @@ def claims() -> list:
         paper_baseline=PAPER["fedavg"][0][i] if col != "avg" else PAPER["fedavg"][1],
         ours_baseline=fa.get(col, []), point=1.0, digits=1,
         protocol="paper settings (no tuning)",
-        setting=f"CPU, 500 rounds, client momentum kept; {_IMAGES}", folder=FOLDER,
-        reason="not run yet: `experiments/fedsr/run_cpu.sh "
-               "experiments/fedsr/cpu_r500_persistent`"))
-  # H100, 500 rounds, client momentum restarted every round: aggregates only.
+        setting=f"{where}500 rounds, client momentum kept; {_IMAGES}", folder=FOLDER,
+        reason="not run yet: `fedjax-inv experiment experiments/fedsr/spec.yaml --where "
+               f"group={CPU}`"))
+  # 500 rounds, client momentum restarted every round: the H100 aggregates, or records.
   for lr, protocol in (("1e-3", "paper settings (no tuning)"),
                        ("1e-2", "lr 1e-2 instead of the paper's 1e-3 (run after lr 1e-3 "
                                 "under-trained every method), the same for every method")):
-    base, _ = h100(lr, "fedavg")
-    for alg in ("fedl2r", "fedcmi", "fedsr"):
-      vals, _ = h100(lr, alg)
+    base = h100(lr, "fedavg")
+    for method in ("fedl2r", "fedcmi", "fedsr"):
+      row = h100(lr, method)
+      if base["from"] == row["from"] == "records":
+        avg_b, avg_m = _seed_avg(base["seeds"]) or [], _seed_avg(row["seeds"]) or []
+        kw = dict(ours=[100 * v for v in avg_m], ours_baseline=[100 * v for v in avg_b])
+        where = ""
+      else:  # the former aggregates (or a mix): mean ± sample std, as in the tables
+        kw = dict(ours=[], ours_baseline=[], raw=False,
+                  ours_agg=(*row["cells"].get("avg", (math.nan, math.nan)), row["n"]),
+                  ours_baseline_agg=(*base["cells"].get("avg", (math.nan, math.nan)),
+                                     base["n"]))
+        where = "H100, "
       out.append(Claim(
-          paper="FedSR", what=_AVG, method=NAMES[alg], paper_value=PAPER[alg][1],
-          ours=[], ours_agg=(*vals["avg"], N_SEEDS), baseline="FedAvg",
-          paper_baseline=PAPER["fedavg"][1], ours_baseline=[],
-          ours_baseline_agg=(*base["avg"], N_SEEDS),
-          point=1.0, digits=1, protocol=protocol, raw=False,
-          setting=f"H100, lr {lr}, 500 rounds, client momentum restarted every round; "
+          paper="FedSR", what=_AVG, method=NAMES[method], paper_value=PAPER[method][1],
+          baseline="FedAvg", paper_baseline=PAPER["fedavg"][1], point=1.0, digits=1,
+          protocol=protocol, **kw,
+          setting=f"{where}lr {lr}, 500 rounds, client momentum restarted every round; "
                   f"{_IMAGES}", folder=FOLDER))
   return out
+
+
+def main(argv) -> None:
+  """``python experiments/fedsr/tables.py [GROUP ...]``: prints each spec group's
+  paper-vs-ours table (default: every group of spec.yaml)."""
+  groups = argv[1:] or list(FORMER)
+  for group in groups:
+    if group not in FORMER:
+      raise SystemExit(f"{group}: not a group of spec.yaml; its groups are "
+                       f"{', '.join(FORMER)}.")
+    print(f"## {group}\n")
+    print((raw_table(group) if group == CPU else h100_table(group.rsplit("lr", 1)[1]))
+          + "\n")
+
+
+if __name__ == "__main__":
+  import sys
+  main(sys.argv)
