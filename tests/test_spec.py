@@ -243,3 +243,41 @@ def test_a_held_out_domain_is_an_axis_and_its_run_equals_a_direct_one(tmp_path):
   with pytest.raises(ValueError, match=r"spec run h0: holdout='0,15': a spec run holds out "
                      "one domain"):
     spec.check_runs(spec.parse_spec(doc).runs)
+
+
+def _experiment_commands():
+  """Every ``fedjax-inv experiment`` command in a code block of an experiments README
+  (continued lines joined, comments dropped): ``(readme, argv after 'experiment')``."""
+  import re
+  import shlex
+  out = []
+  for readme in sorted(ROOT.glob("experiments/*/README.md")):
+    for block in re.findall(r"```(?:bash|sh|)\n(.*?)```", readme.read_text(), re.S):
+      for line in block.replace("\\\n", " ").splitlines():
+        words = shlex.split(line, comments=True)
+        if "experiment" in words and any(w.endswith("fedjax-inv") for w in words):
+          out.append((readme.relative_to(ROOT), words[words.index("experiment") + 1:]))
+  return out
+
+
+def test_every_experiments_readme_command_selects_runs_of_its_spec():
+  """Each ``fedjax-inv experiment SPEC [--where ...] [--seeds ...]`` in an experiments
+  README names a committed spec, and its ``--where`` / ``--seeds`` select at least one of
+  the spec's runs and only its seeds (a renamed axis option or group breaks a command)."""
+  cmds = _experiment_commands()
+  assert {str(r.parent.name) for r, _ in cmds} >= {"fedilc", "invariant_fedavg", "fedgma",
+                                                   "fediir", "fedsr", "robustness",
+                                                   "privacy"}
+  for readme, argv in cmds:
+    sp = spec.load_spec(ROOT / argv[0])
+    where, seeds, i = [], None, 1
+    while i < len(argv):
+      if argv[i] == "--where":
+        where.append(argv[i + 1])
+      elif argv[i] == "--seeds":
+        seeds = [int(s) for s in argv[i + 1].split(",")]
+      elif argv[i] != "--out":
+        raise AssertionError(f"{readme}: unexpected {argv[i]!r} in {argv}")
+      i += 2
+    assert sp.select(spec.parse_where(where)), (readme, argv)
+    assert set(seeds or sp.seeds) <= set(sp.seeds), (readme, argv)
