@@ -142,9 +142,9 @@ def stragglers_table(out: pathlib.Path = RESULTS) -> str:
            "accuracy (%), mean ± sample std over seeds", "",
            "| algorithm | " + " | ".join(c for _, c in STRAGGLER_COLS) + " |",
            "|---" * (len(STRAGGLER_COLS) + 1) + "|"]
-  for alg in STRAGGLER_ALGS:
-    cells = [cell(by.get(("stragglers", f"{alg}-{c}"), [])) for c, _ in STRAGGLER_COLS]
-    lines.append(f"| {alg} | " + " | ".join(cells) + " |")
+  for method in STRAGGLER_ALGS:  # a table row per method (nothing runs here)
+    cells = [cell(by.get(("stragglers", f"{method}-{c}"), [])) for c, _ in STRAGGLER_COLS]
+    lines.append(f"| {method} | " + " | ".join(cells) + " |")
   runs = [r for rs in by.values() for r in rs]
   seeds = sorted({r["key"]["seed"] for r in runs})
   lines.append(f"\nSeeds {seeds}; {len(runs)} runs in `results/raw/`. {data_line(by)}".rstrip())
