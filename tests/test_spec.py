@@ -96,6 +96,10 @@ def test_bad_group_and_where_and_run_config_are_refused_before_running():
                      "'seeds' list"):
     spec.check_runs(spec.parse_spec(bad).runs)
   bad = _doc()
+  bad["base"]["sweep"] = ["lr=0.1,0.2"]  # a run records one algorithm setting
+  with pytest.raises(ValueError, match=r"'sweep' is not a key of a spec run; use an axis"):
+    spec.check_runs(spec.parse_spec(bad).runs)
+  bad = _doc()
   bad["base"]["learning_rate"] = 0.1
   with pytest.raises(ValueError, match=r"unknown key\(s\) \['learning_rate'\]"):
     spec.check_runs(spec.parse_spec(bad).runs)

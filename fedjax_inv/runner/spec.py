@@ -61,7 +61,9 @@ NOT_IN_A_RUN = {"seed": "the spec's 'seeds' list", "seeds": "the spec's 'seeds' 
                 "out": "the spec's 'record' path", "resume": "re-running the spec",
                 "overwrite": "removing the record file", "dry_run": "--dry-run",
                 "checkpoint_every": "re-running the spec (a record is written when its "
-                                    "run ends)"}
+                                    "run ends)",
+                "sweep": "an axis of the group, one option per value",
+                "search": "fedjax-inv tune (the same executor, with a validation split)"}
 GROUP_KEYS = ("group", "name", "config", "axes")
 
 
