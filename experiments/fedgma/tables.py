@@ -126,14 +126,9 @@ def records(src: Source) -> dict:
   not count), run by run, seeds in order."""
   sp = spec.load_spec(HERE / src.spec)
   where = {"group": [src.group], **({"row": [src.row]} if src.row else {})}
-  out = {}
-  for run in sp.select(where):
-    for s in sp.seeds:
-      path = sp.record_path(HERE, run, s)
-      rec = spec.kept_record(path, spec.run_key(sp, run, s))
-      if rec is not None and column(rec) in src.methods:
-        out[path.relative_to(HERE).as_posix()] = rec
-  return out
+  return {sp.record_path(HERE, run, s).relative_to(HERE).as_posix(): rec
+          for run, s, rec in spec.kept_records(sp, HERE, where)
+          if column(rec) in src.methods}
 
 
 @functools.lru_cache(maxsize=None)

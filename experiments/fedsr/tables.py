@@ -63,13 +63,8 @@ def records(group: str, method: str) -> list:
   current settings (a record of a changed configuration does not count), run by run,
   seeds in order."""
   sp = spec.load_spec(HERE / "spec.yaml")
-  out = []
-  for run in sp.select({"group": [group], "method": [method]}):
-    for s in sp.seeds:
-      rec = spec.kept_record(sp.record_path(HERE, run, s), spec.run_key(sp, run, s))
-      if rec is not None:
-        out.append(rec)
-  return out
+  where = {"group": [group], "method": [method]}
+  return [rec for _, _, rec in spec.kept_records(sp, HERE, where)]
 
 
 def _per_seed_former(folder: pathlib.Path, method: str) -> dict:

@@ -407,6 +407,25 @@ def run_key(spec: Spec, run: RunSpec, seed: int) -> dict:
           "seed": int(seed), "data_seed": spec.data_seed}
 
 
+def kept_records(spec: Spec, out, where: Optional[dict] = None) -> list:
+  """``[(run, seed, record)]`` of the selected runs (:meth:`Spec.select`) whose record is
+  in ``out`` for the spec's current settings (:func:`kept_record`; a record of a changed
+  configuration does not count), run by run, seeds in order: what a table generator
+  reads.
+
+  Raises:
+    ValueError: a bad ``where``, or a record path holding something that is not a record.
+  """
+  out = pathlib.Path(out)
+  found = []
+  for run in spec.select(where):
+    for s in spec.seeds:
+      rec = kept_record(spec.record_path(out, run, s), run_key(spec, run, s))
+      if rec is not None:
+        found.append((run, s, rec))
+  return found
+
+
 def execute_spec(spec: Spec, out, *, where: Optional[dict] = None, seeds=None,
                  stream=None) -> list:
   """Runs every selected (run, seed) of ``spec`` whose record is not in ``out`` yet
