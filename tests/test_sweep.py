@@ -84,7 +84,7 @@ def _assert_equal_runs(a, b, rtol):
 @pytest.mark.parametrize("name,spec,fixed,rtol", [
     # plain SGD at both ends (vmapped matmuls may sum in another order: float32 ulps)
     ("fedprox", {"client_lr": [0.1, 0.03], "mu": [0.0, 0.5]}, {}, 2e-6),
-    # momentum clients, FedAdam server (Reddi: eta*m/(sqrt v+tau) rounds differently)
+    # momentum clients, FedAdam server (Reddi et al.'s adaptive step)
     ("fedadam", {"server_lr": [0.01, 0.1]}, {"client_optimizer": "momentum"}, 2e-6),
     # a component coefficient on the pre-stage + loss path
     ("fediir", {"gamma": [0.0, 0.5]}, {}, 2e-6),
@@ -113,6 +113,62 @@ def test_batched_sweep_equals_sequential_runs(tiny_binary, name, spec, fixed, rt
     key = "personal_train_loss" if name == "ditto" else "ood_loss"
     finals.add(round(o["result"].final[key], 7))
   assert len(finals) == len(out)  # every point and seed is a different run
+
+
+@pytest.mark.parametrize("kind,name", [
+    ("client", "sgd"), ("client", "momentum"), ("client", "adam"), ("server", "sgd"),
+    ("server", "momentum"), ("server", "adam"), ("server", "yogi")])
+def test_a_traced_learning_rate_is_the_optimizer_built_at_that_rate(kind, name):
+  """One path for fixed and swept rates: under a replica's traced rate the optimizer is
+  the one built at that rate (bit for bit, three steps), and with no traced rate it is the
+  built one."""
+  import jax
+  import jax.numpy as jnp
+  from fedjax_inv.algorithms import base
+  from fedjax_inv.core.algorithm import HPARAMS, Context, optimizer_traced
+
+  def ctx(extras):
+    return Context(params=None, round=jnp.int32(0), extras=extras, client={},
+                   num_clients=jnp.float32(3), cohort=jnp.float32(3))
+
+  build = (lambda lr: base.client_optimizer(name, lr, weight_decay=0.01)) \
+      if kind == "client" else (lambda lr: base.server_optimizer(name, lr))
+  hp = f"{kind}_lr"
+  assert optimizer_traced(build(0.5)) == (hp,)
+  params = {"w": jnp.asarray([0.3, -1.2, 2.0]), "b": jnp.asarray(0.7)}
+  grads = [jax.tree.map(lambda p, i=i: jnp.sin(p * (i + 1)), params) for i in range(3)]
+
+  def steps(opt, context, traced):
+    def run(lr):
+      c = context if not traced else ctx({HPARAMS: {hp: lr}})
+      state, p, out = opt.init(params), params, []
+      for g in grads:
+        u, state = opt.update(g, state, p, ctx=c)
+        p = jax.tree.map(jnp.add, p, u)
+        out.append(p)
+      return out
+    return jax.jit(run)(jnp.float32(0.03))
+
+  want = steps(build(0.03), ctx({}), False)
+  chex.assert_trees_all_equal(steps(build(1.0), None, True), want)  # the traced rate
+  chex.assert_trees_all_equal(steps(build(0.03), ctx({HPARAMS: {"mu": 1.0}}), False),
+                              want)  # another traced name: the built rate
+
+
+def test_an_optimizer_that_does_not_read_the_rate_makes_the_sweep_sequential(tiny_binary):
+  """A user's plain optax optimizer does not read the round's rate: the algorithm no longer
+  lists client_lr as traced, so a sweep over it runs one after another (never a batched
+  sweep whose rates are silently ignored)."""
+  import optax
+  alg = make_algorithm("fedprox", client_lr=0.1)
+  assert alg.traced == ("client_lr", "mu", "server_lr")
+  plain = alg.replace(client_optimizer=optax.sgd(0.1))
+  assert plain.traced == ("mu", "server_lr")
+  with pytest.raises(ValueError, match=r"hparams \['client_lr'\]: fedprox does not read"):
+    run_replicas(_task(tiny_binary), plain, seeds=[0, 1],
+                 hparams=[{"client_lr": 0.1}, {"client_lr": 0.2}], **KW)
+  # FedGMA's mask after its base's server optimizer keeps the server rate traced
+  assert "server_lr" in make_algorithm("fedgma").traced
 
 
 @pytest.mark.slow

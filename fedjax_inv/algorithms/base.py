@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_inv.aggregation import aggregators as aggs
-from fedjax_inv.core.algorithm import Algorithm
+from fedjax_inv.core.algorithm import Algorithm, learning_rate_in_round
 # The registry is core's (the tasks read it); re-exported here for the factories.
 from fedjax_inv.core.algorithm import Entry, register, registry  # noqa: F401
 from fedjax_inv.algorithms.schema import (CLIENT_OPTIMIZERS, SERVER_OPTIMIZERS,
@@ -61,18 +61,26 @@ def client_optimizer(name: str, lr: float, weight_decay: float = 0.0,
   """Client (local) optimizer by name; its state is created fresh every round, or once
   per client with ``client_optimizer_state='persistent'``.
 
-  'adam' with ``weight_decay > 0`` is AdamW (decoupled decay) as in FedILC §5.1.
+  'adam' with ``weight_decay > 0`` is AdamW (decoupled decay) as in FedILC §5.1. The rate
+  is ``client_lr`` of the round (``core.algorithm.learning_rate_in_round``): ``lr`` in an
+  ordinary run, a batched sweep replica's own value otherwise.
+
+  Raises:
+    ValueError: unknown ``name`` or ``lr <= 0``.
   """
   if name not in CLIENT_OPTIMIZERS:
     raise ValueError(f"client_optimizer={name!r}; choose one of {CLIENT_OPTIMIZERS}.")
   if lr <= 0:
     raise ValueError(f"client_lr={lr}; it must be > 0.")
-  if name == "adam":
-    return optax.adamw(lr, weight_decay=weight_decay) if weight_decay else optax.adam(lr)
-  base = optax.sgd(lr, momentum=momentum if name == "momentum" else None)
-  if weight_decay:
-    return optax.chain(optax.add_decayed_weights(weight_decay), base)
-  return base
+
+  def make(rate):
+    if name == "adam":
+      return (optax.adamw(rate, weight_decay=weight_decay) if weight_decay
+              else optax.adam(rate))
+    base = optax.sgd(rate, momentum=momentum if name == "momentum" else None)
+    return optax.chain(optax.add_decayed_weights(weight_decay), base) if weight_decay else base
+
+  return learning_rate_in_round("client_lr", make, lr)
 
 
 class ReddiState(NamedTuple):
@@ -118,16 +126,23 @@ def server_optimizer(name: str, lr: float, momentum: float = 0.9, b1: float = 0.
                      b2: float = 0.99, tau: float = 1e-3) -> optax.GradientTransformation:
   """Server optimizer on the pseudo-gradient (Reddi et al. 2021): 'sgd' (FedAvg: with
   lr=1 the new model is the weighted mean of client models), 'momentum' (FedAvgM), or
-  'adagrad' | 'adam' | 'yogi' (:func:`reddi_adaptive`)."""
+  'adagrad' | 'adam' | 'yogi' (:func:`reddi_adaptive`). The rate is ``server_lr`` of the
+  round (``core.algorithm.learning_rate_in_round``).
+
+  Raises:
+    ValueError: unknown ``name`` or ``lr <= 0``.
+  """
   if name not in SERVER_OPTIMIZERS:
     raise ValueError(f"server_optimizer={name!r}; choose one of {SERVER_OPTIMIZERS}.")
   if lr <= 0:
     raise ValueError(f"server_lr={lr}; it must be > 0.")
-  if name == "sgd":
-    return optax.sgd(lr)
-  if name == "momentum":
-    return optax.sgd(lr, momentum=momentum)
-  return reddi_adaptive(name, lr, b1=b1, b2=b2, tau=tau)
+
+  def make(rate):
+    if name in ("sgd", "momentum"):
+      return optax.sgd(rate, momentum=momentum if name == "momentum" else None)
+    return reddi_adaptive(name, rate, b1=b1, b2=b2, tau=tau)
+
+  return learning_rate_in_round("server_lr", make, lr)
 
 
 def aggregator(name: str, tau: float = 0.4) -> aggs.Aggregator:

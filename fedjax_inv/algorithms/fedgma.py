@@ -9,7 +9,7 @@ import optax
 
 from fedjax_inv.aggregation.aggregators import mask_step, sign_agreement
 from fedjax_inv.algorithms.base import make_algorithm, register, registry
-from fedjax_inv.core.algorithm import Component
+from fedjax_inv.core.algorithm import Component, optimizer_traced, reading
 
 
 def masked(name, rule, base, tau, mask_at, rescale, kw):
@@ -29,7 +29,8 @@ def masked(name, rule, base, tau, mask_at, rescale, kw):
   hp = dict(alg.hparams, base=base, tau=float(tau), mask_at=mask_at,
             **({"rescale": rescale} if rule == "and_mask" else {}))
   return alg.replace(name=name, components=alg.components + (sign,), hparams=hp,
-                     server_optimizer=optax.chain(*chain))
+                     server_optimizer=reading(optax.chain(*chain),
+                                              optimizer_traced(alg.server_optimizer)))
 
 
 register("fedgma", paper="FedGMA (Tenison et al. 2022), §4, Alg. 1", summary="soft sign-"

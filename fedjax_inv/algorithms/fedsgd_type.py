@@ -7,7 +7,7 @@ import optax
 
 from fedjax_inv.aggregation import aggregators as aggs
 from fedjax_inv.algorithms.base import FEDSGD_CLIENT_RECIPE
-from fedjax_inv.core.algorithm import WEIGHTINGS, Algorithm
+from fedjax_inv.core.algorithm import WEIGHTINGS, Algorithm, learning_rate_in_round
 from fedjax_inv.core.validation import choice as _choice, finite as _finite, nonneg as _nonneg
 from fedjax_inv.core.validation import pos_int as _pos_int, positive as _positive
 
@@ -67,10 +67,14 @@ def server_optimizer(name: str = "adam", lr: float = 3e-4, weight_decay: float =
     if not 0.0 <= b < 1.0:
       raise ValueError(f"{nm}={b!r}; Adam's moment decay must be in [0, 1).")
   eps = _positive("eps", eps)
-  if name == "adamw":
-    return optax.adamw(lr, b1=b1, b2=b2, eps=eps, weight_decay=wd)
-  inner = optax.adam(lr, b1=b1, b2=b2, eps=eps) if name == "adam" else optax.sgd(lr)
-  return optax.chain(optax.add_decayed_weights(wd), inner) if wd else inner
+
+  def make(rate):
+    if name == "adamw":
+      return optax.adamw(rate, b1=b1, b2=b2, eps=eps, weight_decay=wd)
+    inner = optax.adam(rate, b1=b1, b2=b2, eps=eps) if name == "adam" else optax.sgd(rate)
+    return optax.chain(optax.add_decayed_weights(wd), inner) if wd else inner
+
+  return learning_rate_in_round("server_lr", make, lr)
 
 
 def server_settings(name: str, kw: dict, own: tuple = ()) -> tuple:

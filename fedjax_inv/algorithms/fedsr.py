@@ -17,7 +17,7 @@ from fedjax_inv.algorithms.fedsr_model import (REFERENCE, fedsr_model, gaussian_
 from fedjax_inv.core import losses
 from fedjax_inv.core.validation import choice as _choice, flag as _flag, nonneg as _nonneg
 from fedjax_inv.core.validation import pos_int as _pos_int, positive as _positive
-from fedjax_inv.core.algorithm import Component, Forward
+from fedjax_inv.core.algorithm import Component, Forward, learning_rate_in_round
 
 NAME = "fedsr"
 R_MODES = ("local", "averaged")
@@ -170,8 +170,10 @@ def _build(name, *, alpha_l2r, alpha_cmi, z_dim, mc_samples, l2r_squared, r_mode
   if with_ref and r_mode == "local" and alg.hparams["client_optimizer"] == "adam" \
       and alg.hparams["weight_decay"] > 0:
     # AdamW's decoupled decay would act on the offset; keep r_k out of it (module doc).
-    alg = alg.replace(client_optimizer=optax.adamw(
-        alg.hparams["client_lr"], weight_decay=alg.hparams["weight_decay"], mask=_decay_mask))
+    wd = alg.hparams["weight_decay"]
+    alg = alg.replace(client_optimizer=learning_rate_in_round(
+        "client_lr", lambda lr: optax.adamw(lr, weight_decay=wd, mask=_decay_mask),
+        alg.hparams["client_lr"]))
     hp["reference_weight_decay"] = False
   transform = lambda m: fedsr_model(m, z_dim, probabilistic, with_ref)  # noqa: E731
   return alg.replace(model_transform=transform, hparams=hp)

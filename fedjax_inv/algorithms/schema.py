@@ -36,8 +36,10 @@ class Param:
   'unit' (in [0, 1]), 'unit_open' (in [0, 1)), 'int' (an integer >= ``lo``),
   'opt_int' (None or an integer >= 1), 'bool', 'choice' (one of ``choices``), 'str' (a
   string whose choices its factory checks) or 'any' (Python API only, e.g. a schedule).
-  ``traced``: the engine or a component reads it from the traced hyperparameters, so
-  sweep points that differ only in it run as one program. ``source``: paper and section.
+  ``traced``: some algorithm reads it in the round (``Algorithm.traced``: an optimizer's
+  rate, a component's or an aggregator's coefficient), so sweep points that differ only in
+  it run as one program (``tests/test_schema.py`` keeps the two in agreement).
+  ``source``: paper and section.
   """
   kind: str
   lo: int = 0

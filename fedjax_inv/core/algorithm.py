@@ -32,7 +32,7 @@ import chex
 import jax
 import optax
 
-from fedjax_inv.core.aggregator import Aggregator, weighted_mean
+from fedjax_inv.core.aggregator import Aggregator, traced_names, weighted_mean
 
 PyTree = Any
 
@@ -229,13 +229,6 @@ def is_optax(stage) -> bool:
 # Key of ``ServerState.extras`` / ``Context.extras`` holding the traced hyperparameters
 # of a batched sweep replica: ``{name: float32 scalar}`` (absent in ordinary runs).
 HPARAMS = "__hparams__"
-# Hyperparameters the engine itself can take as traced arrays. The client and
-# server optimizers are linear in their learning rate (sgd, momentum, adam(w), Reddi's
-# adaptive ones, weight decay before the step), so a sweep builds them at lr = 1 and the
-# engine multiplies their updates by the replica's traced rate.
-ENGINE_TRACED = ("client_lr", "server_lr")
-
-
 def hparam(ctx: "Context", name: str, default):
   """The traced value of hyperparameter ``name`` in a batched sweep replica (float32
   scalar, shared by all clients of the replica), else ``default`` (the built constant).
@@ -243,6 +236,57 @@ def hparam(ctx: "Context", name: str, default):
   Source: sweeps as one batched program (as ``optax.inject_hyperparams``
   keeps hyperparameters in the state rather than in the program)."""
   return ctx.extras.get(HPARAMS, {}).get(name, default)
+
+
+def learning_rate_in_round(name: str, make: Callable[[Any], optax.GradientTransformation],
+                           value: float) -> optax.GradientTransformationExtraArgs:
+  """An optimizer whose learning rate is a runtime value of the round.
+
+  Every ``update(updates, state, params, ctx=Context)`` builds ``make(lr)`` with ``lr =
+  hparam(ctx, name, value)``: the built constant ``value`` in an ordinary run (the same
+  program as ``make(value)``), the replica's float32 scalar in a batched sweep. One path
+  for fixed and swept rates. The state is ``make(value).init``'s, so ``make`` must keep
+  the rate out of the state (every optax optimizer does). ``name`` is recorded on the
+  update function, where :func:`optimizer_traced` (the sweep planner) finds it.
+
+  Args:
+    name: the hyperparameter (``'client_lr'`` or ``'server_lr'``).
+    make: ``lr -> optax transformation``; called with a float or a traced scalar, so it
+      must not branch on the value (validate ``value`` before).
+    value: the built rate (> 0, checked by the caller).
+
+  Source: sweeps as one batched program (the rate as an argument of the round, as
+  ``optax.inject_hyperparams`` keeps it in the state).
+  """
+  built = make(value)
+
+  def update(updates, state, params=None, *, ctx=None, **extra):
+    del extra  # the server chain's messages: the optimizer reads only its rate
+    lr = value if ctx is None else hparam(ctx, name, value)
+    return (built if lr is value else make(lr)).update(updates, state, params)
+
+  update.traced = (name,)
+  return optax.GradientTransformationExtraArgs(built.init, update)
+
+
+def reading(opt: optax.GradientTransformation, names) -> optax.GradientTransformationExtraArgs:
+  """``opt`` marked as reading the traced hyperparameters ``names``: e.g. an
+  ``optax.chain`` around a :func:`learning_rate_in_round` optimizer (FedGMA's mask after
+  its base's server optimizer), so that :func:`optimizer_traced` still finds them."""
+  inner = optax.with_extra_args_support(opt)
+
+  def update(updates, state, params=None, **extra):
+    return inner.update(updates, state, params, **extra)
+
+  update.traced = tuple(names)
+  return optax.GradientTransformationExtraArgs(inner.init, update)
+
+
+def optimizer_traced(opt) -> tuple:
+  """The traced hyperparameters an optimizer reads in the round: ``()`` for a plain optax
+  one, ``('client_lr',)`` / ``('server_lr',)`` for the library's optimizers
+  (:func:`learning_rate_in_round`)."""
+  return tuple(getattr(getattr(opt, "update", None), "traced", ()))
 
 
 WEIGHTINGS = ("num_examples", "uniform")
@@ -418,6 +462,17 @@ class Algorithm:
                else client_stage(c.client_stage))
               for c in self.components if c.client_stage is not None]
     return optax.named_chain(*stages, ("client_optimizer", self.client_optimizer))
+
+  @property
+  def traced(self) -> tuple:
+    """The hyperparameters this algorithm reads in the round (:func:`hparam`), so a batched
+    sweep can give each replica its own value: its optimizers' learning rates
+    (:func:`optimizer_traced`), its components' ``traced`` and its aggregator's
+    (``core.aggregator.traced_names``). Sorted."""
+    return tuple(sorted(set(optimizer_traced(self.client_optimizer))
+                        | set(optimizer_traced(self.server_optimizer))
+                        | {n for c in self.components for n in c.traced}
+                        | set(traced_names(self.aggregator))))
 
   @property
   def task_only(self) -> bool:

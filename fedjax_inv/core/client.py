@@ -14,7 +14,7 @@ import optax
 
 from fedjax_inv.core import losses
 from fedjax_inv.core import strategy as strategy_lib
-from fedjax_inv.core.algorithm import HPARAMS, Algorithm, Batch, Context, Forward, Objective
+from fedjax_inv.core.algorithm import Algorithm, Batch, Context, Forward, Objective
 
 
 def batch_indices(key, n, local_steps: int, batch_size: int) -> jax.Array:
@@ -191,16 +191,12 @@ def local_train(model, kind: str, algorithm: Algorithm, ctx: Context, x, y, n, k
   K, B = max_client_steps(algorithm, x.shape[0]), algorithm.batch_size
   k_batch, k_loss = jax.random.split(key)
   loss_keys = jax.random.split(k_loss, K)
-  # A sweep replica's traced client learning rate: the optimizer was built at lr = 1.
-  lr = ctx.extras.get(HPARAMS, {}).get("client_lr")
 
   def step(carry, inp):
     params, opt_state = carry
     batch, kl = inp
     loss, grads = gradient(params, batch, kl)
     updates, opt_state = opt.update(grads, opt_state, params, ctx=ctx)
-    if lr is not None:
-      updates = jax.tree.map(lambda u: u * lr, updates)
     return (optax.apply_updates(params, updates), opt_state), loss
 
   if algorithm.local_epochs is not None:

@@ -651,8 +651,6 @@ def round_parts(model, kind: str, algorithm: Algorithm, num_clients: int,
                 for c in msg_comps}
     updates, opt_state, extras = server_side(stage_comps, server_opt, server, extras,
                                              pseudo_grad, messages, ctx_b)
-    if "server_lr" in traced:  # a sweep replica: the server optimizer was built at lr = 1
-      updates = jax.tree.map(lambda u: u * traced["server_lr"], updates)
     new_server = ServerState(params=optax.apply_updates(server.params, updates),
                              opt_state=opt_state, round=server.round + 1, extras=extras)
     loss_sum, wsum = sums["__loss__"]  # 0 (not NaN) if no sampled client has weight

@@ -4,16 +4,16 @@ compiled program (:func:`plan`, :class:`Plan`, :func:`replica_hparams`), read by
 planner (``experiment.plan_experiment``) and the executor (``executor.execute``).
 
 Points run **batched** (one ``vmap``ped program, :func:`fedjax_inv.runner.replicas.run_replicas`)
-when every swept name is *traceable*: the engine's ``client_lr`` / ``server_lr``
-(``core.algorithm.ENGINE_TRACED``: the optimizers are built at lr = 1 and the engine
-multiplies their updates by the replica's rate — exact, since every client and server
-optimizer here is linear in its learning rate) and the coefficients the algorithm's
-components read with ``core.algorithm.hparam`` (``Component.traced``: FedProx ``mu``,
-Fishr ``fishr_lambda``, FedIIR ``gamma``) and the aggregator's
-(``core.aggregator.traced_names``: FedGMA's / the AND-mask's ``tau``). The values live as
-float32 scalars in each replica's server state, as ``optax.inject_hyperparams`` keeps them
-in the optimizer state. Otherwise (``local_steps``, ``batch_size``: they change the
-program) they run one after another, with the reason.
+when every swept name is *traceable*, a value the algorithm reads in the round
+(``Algorithm.traced``): the optimizers' ``client_lr`` / ``server_lr``
+(``core.algorithm.learning_rate_in_round``: the optimizer is built from the round's rate,
+the built constant in an ordinary run), the coefficients its components read with
+``core.algorithm.hparam`` (``Component.traced``: FedProx ``mu``, Fishr ``fishr_lambda``,
+FedIIR ``gamma``) and its aggregator's (``core.aggregator.traced_names``: FedGMA's / the
+AND-mask's ``tau``). The values live as float32 scalars in each replica's server state, as
+``optax.inject_hyperparams`` keeps them in the optimizer state. Otherwise
+(``local_steps``, ``batch_size``: they change the program) they run one after another,
+with the reason.
 """
 from __future__ import annotations
 
@@ -22,11 +22,10 @@ import itertools
 import json
 from typing import Callable
 
-from fedjax_inv.core.aggregator import traced_names
-from fedjax_inv.core.algorithm import ENGINE_TRACED, Algorithm
+from fedjax_inv.core.algorithm import Algorithm
 
 from fedjax_inv.algorithms.schema import canonical  # --lr is client_lr (the schema's alias)
-PLACEHOLDER = 1.0  # value a traced name is built with (overridden by the traced one)
+PLACEHOLDER = 1.0  # value a traced name is built with (each replica reads its own)
 
 
 def _parse_values(name: str, text: str) -> list:
@@ -176,8 +175,7 @@ def plan(algorithm: str, make: Callable[[dict], Algorithm], pts: list) -> Plan:
   if not names:
     return Plan(algorithm, pts, concrete, False, None, (), "no sweep")
   first = concrete[0]  # which names are traceable is a property of the structure
-  readable = (set(ENGINE_TRACED) | {n for c in first.components for n in c.traced}
-              | set(traced_names(first.aggregator)))
+  readable = set(first.traced)
   untraced = [k for k in names if k not in readable]
   reason, structure = "", None
   if untraced:

@@ -28,7 +28,6 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_inv.runner import simulation
-from fedjax_inv.core.aggregator import traced_names
 from fedjax_inv.core.algorithm import HPARAMS
 from fedjax_inv.core.engine import init_state
 
@@ -90,11 +89,9 @@ def run_replicas(task, algorithm, *, seeds, rounds: int,
     callback: ``callback(seed, entry)`` with each replica's history entries, or
       ``callback(i, entry)`` (replica index) when ``hparams`` or ``tasks`` is given.
     hparams: optional list of S dicts ``{name: number}``, replica ``i``'s traced
-      hyperparameters (a sweep point; names from ``core.algorithm.ENGINE_TRACED`` and
-      the components' ``traced``; every dict has the same names). ``algorithm`` must
-      then be built with ``client_lr`` / ``server_lr`` = 1 where those are traced
-      (``fedjax_inv.runner.sweep.plan(...).structure``). Seeds may repeat across
-      different points.
+      hyperparameters (a sweep point; names of ``algorithm.traced``, every dict with
+      the same names; each replica's value replaces the built one). Seeds may repeat
+      across different points.
     tasks: optional list of S tasks; replica ``i`` trains and is evaluated on
       ``tasks[i]`` (e.g. the held-out domains of a leave-one-domain-out sweep); their
       data must have equal shapes (checked, :func:`check_same_shapes`; ``task`` is then
@@ -157,14 +154,12 @@ def run_replicas(task, algorithm, *, seeds, rounds: int,
 
 def _check_hparams(algorithm, seeds, hparams) -> None:
   """Refuses traced hyperparameters that nothing would read (a silent no-op sweep)."""
-  from fedjax_inv.core.algorithm import ENGINE_TRACED
   import math
   if not seeds or len(hparams) != len(seeds):
     raise ValueError(f"hparams has {len(hparams)} entries for {len(seeds)} seeds; give one "
                      "dict per replica.")
   names = set(hparams[0])
-  readable = (set(ENGINE_TRACED) | {n for c in algorithm.components for n in c.traced}
-              | set(traced_names(algorithm.aggregator)))
+  readable = set(algorithm.traced)
   for h in hparams:
     if set(h) != names:
       raise ValueError(f"hparams {sorted(h)} vs {sorted(names)}: every replica must trace "

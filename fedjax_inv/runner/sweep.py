@@ -7,21 +7,20 @@ A research table is seeds × settings. ``fedjax-inv run --sweep client_lr=0.1,0.
 product, in the order given) for every seed:
 
 * **batched** (one ``vmap``ped program, :func:`fedjax_inv.runner.replicas.run_replicas`)
-  when every swept name is *traceable*: the engine's ``client_lr`` / ``server_lr``
-  (``core.algorithm.ENGINE_TRACED``: the optimizers are built at lr = 1 and the engine
-  multiplies their updates by the replica's rate — exact, since every client and server
-  optimizer here is linear in its learning rate) and the coefficients the algorithm's
-  components read with ``core.algorithm.hparam`` (``Component.traced``: FedProx ``mu``,
-  Fishr ``fishr_lambda``, FedIIR ``gamma``) and the aggregator's (``core.aggregator.traced_names``:
-  FedGMA's / the AND-mask's ``tau``). The values live as float32 scalars in each
-  replica's server state, as ``optax.inject_hyperparams`` keeps them in the optimizer
-  state;
+  when every swept name is *traceable* (``Algorithm.traced``): the optimizers'
+  ``client_lr`` / ``server_lr`` (``core.algorithm.learning_rate_in_round``: each round
+  builds the optimizer from its rate, the built constant in an ordinary run and the
+  replica's value in a sweep) and the coefficients the algorithm's components read with
+  ``core.algorithm.hparam`` (``Component.traced``: FedProx ``mu``, Fishr
+  ``fishr_lambda``, FedIIR ``gamma``) and the aggregator's
+  (``core.aggregator.traced_names``: FedGMA's / the AND-mask's ``tau``). The values live
+  as float32 scalars in each replica's server state, as ``optax.inject_hyperparams`` keeps
+  them in the optimizer state;
 * **one after another** otherwise (e.g. ``local_steps``, ``batch_size``: they change the
   program), with the reason printed and recorded.
 
 Batched results equal the sequential ones up to float32 rounding (``tests/test_sweep.py``,
-rtol 2e-6: vmapped matmuls may sum in another order, and an optimizer such as Reddi's
-FedAdam multiplies the rate at another point of its formula).
+rtol 2e-6: vmapped matmuls may sum in another order).
 """
 from __future__ import annotations
 
