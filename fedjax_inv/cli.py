@@ -263,7 +263,8 @@ def cmd_list(args) -> int:
 def cmd_hparams(args) -> int:
   """``fedjax-inv hparams ALGORITHM [--task T]``: the registry's view of one algorithm
   (``algorithms/hparams.py``): resolved defaults, the task's values (its paper's, when the
-  task sets them), and the search space of ``run --search``.
+  task sets them), the names it reads in the round (``Algorithm.traced``: a batched
+  ``--sweep`` can trace them) and the search space of ``run --search``.
 
   Raises:
     ValueError: an unregistered algorithm or task (the closest registered name)."""
@@ -282,6 +283,9 @@ def cmd_hparams(args) -> int:
           "where the task reproduces one)")
     for k, v in task.algorithm_settings(args.algorithm).items():
       print(f"  {k:22s} {v!r}")
+  from fedjax_inv.algorithms import make_algorithm
+  print("\ntraced (a batched --sweep gives each point its own value in one program): "
+        + ", ".join(make_algorithm(args.algorithm).traced))
   print("\nsearch space (fedjax-inv run --search N)")
   for k, r in hp.search_space(args.algorithm).items():
     print(f"  {k:22s} {r.describe():24s} {r.source}")

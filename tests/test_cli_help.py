@@ -64,8 +64,6 @@ HELP = {
                      lambda: sorted(adversary.ATTACKS)),
     "run --sweep": (["run"], "NAME (lr = client_lr): ", ". The points run batched",
                     _schema_names),
-    "run --sweep (traced)": (["run"], "when every name is traced (", ") and --replicas",
-                             lambda: sorted(schema.traced_names())),
     "tune --task": (["tune"], "--task TASK task name (fedjax-inv list): ",
                     " --algorithm ALGORITHM", lambda: sorted(task_registry())),
     "tune --algorithm": (["tune"], "comma-separated algorithm names: ", " --trials",
@@ -96,8 +94,7 @@ def _add_entry(flag: str, monkeypatch) -> str:
   if flag == "run --attack":
     monkeypatch.setattr(adversary, "ATTACKS", adversary.ATTACKS + ("zz_new_attack",))
     return "zz_new_attack"
-  traced = flag.endswith("(traced)")
-  monkeypatch.setitem(schema.SCHEMA, "zz_new_knob", schema.Param("nonneg", traced=traced))
+  monkeypatch.setitem(schema.SCHEMA, "zz_new_knob", schema.Param("nonneg"))
   return "zz_new_knob"
 
 
@@ -111,9 +108,20 @@ def test_help_lists_exactly_the_registered_names(flag, monkeypatch):
   assert new in listed and listed == names()
 
 
-def test_sweep_help_lists_ditto_lambda_as_traced():
-  text = _help("run")
-  assert "ditto_lambda" in _listed(text, "when every name is traced (", ") and --replicas")
+def test_hparams_lists_what_the_algorithm_reads_in_the_round_as_traced(capsys):
+  """The traced names are the algorithm's own (``Algorithm.traced``), not a list kept
+  beside it: Ditto's λ and the rates, FedGMA's τ, and no μ for FedAvg."""
+  from fedjax_inv import cli
+
+  def traced(alg):
+    assert cli.main(["hparams", alg]) == 0
+    line = next(l for l in capsys.readouterr().out.splitlines() if l.startswith("traced"))
+    return line.split(": ", 1)[1].split(", ")
+
+  assert traced("ditto") == ["client_lr", "ditto_lambda", "server_lr"]
+  assert traced("fedgma") == ["client_lr", "server_lr", "tau"]
+  assert traced("fedavg") == ["client_lr", "server_lr"]
+  assert "--sweep" in _help("run") and "lists them as traced" in _help("run")
 
 
 def test_hp_help_points_to_the_sweep_names():

@@ -36,23 +36,21 @@ class Param:
   'unit' (in [0, 1]), 'unit_open' (in [0, 1)), 'int' (an integer >= ``lo``),
   'opt_int' (None or an integer >= 1), 'bool', 'choice' (one of ``choices``), 'str' (a
   string whose choices its factory checks) or 'any' (Python API only, e.g. a schedule).
-  ``traced``: some algorithm reads it in the round (``Algorithm.traced``: an optimizer's
-  rate, a component's or an aggregator's coefficient), so sweep points that differ only in
-  it run as one program (``tests/test_schema.py`` keeps the two in agreement).
-  ``source``: paper and section.
+  ``source``: paper and section. Which names a batched sweep can trace is not a schema
+  fact: it is what an algorithm reads in the round (``Algorithm.traced``, declared where
+  the value is read; ``fedjax-inv hparams ALGORITHM`` lists it).
   """
   kind: str
   lo: int = 0
   choices: tuple = ()
-  traced: bool = False
   source: str = ""
 
 
 P = Param
 SCHEMA = {
     # the client and server recipe (FedAvg, McMahan et al. 2017 Alg. 1; Reddi et al. 2021)
-    "client_lr": P("pos", traced=True, source="FedAvg Alg. 1 client step size η"),
-    "server_lr": P("pos", traced=True, source="Reddi et al. 2021 Alg. 2 server step η_g"),
+    "client_lr": P("pos", source="FedAvg Alg. 1 client step size η"),
+    "server_lr": P("pos", source="Reddi et al. 2021 Alg. 2 server step η_g"),
     "local_steps": P("int", 1, source="FedAvg Alg. 1 local steps (E epochs × B batches)"),
     "batch_size": P("opt_int", source="FedAvg Alg. 1 B (None: the whole client)"),
     "local_epochs": P("opt_int", source="FedAvg Alg. 1 E; Reddi et al. 2021 App. D "
@@ -72,11 +70,11 @@ SCHEMA = {
     "eps": P("pos", source="Adam ε (FedILC's server Adam)"),
     "aggregator": P("str", source="mean | geometric[...] | gma | and_mask"),
     "weighting": P("choice", choices=WEIGHTINGS, source="FedAvg n_k weights or uniform"),
-    "tau": P("unit", traced=True, source="FedGMA §4 sign-agreement threshold τ"),
+    "tau": P("unit", source="FedGMA §4 sign-agreement threshold τ"),
     "base": P("str", source="FedGMA: the FedAvg-type base algorithm"),
     "mask_at": P("str", source="FedGMA: where the mask is applied"),
     # FedProx, SCAFFOLD, FedCurv
-    "mu": P("nonneg", traced=True, source="FedProx §3 proximal coefficient μ"),
+    "mu": P("nonneg", source="FedProx §3 proximal coefficient μ"),
     "curv_lambda": P("nonneg", source="Shoham et al. 2019 λ"),
     # Invariant FedAvg (IRMv1)
     "penalty_weight": P("nonneg", source="Invariant FedAvg / IRMv1 λ"),
@@ -85,11 +83,11 @@ SCHEMA = {
     "irm_mode": P("str", source="Invariant FedAvg: client or server IRM"),
     "lambda_schedule": P("any", source="optax schedule for λ (Python API)"),
     # FedIIR
-    "gamma": P("nonneg", traced=True, source="FedIIR eq. 9 penalty factor γ"),
+    "gamma": P("nonneg", source="FedIIR eq. 9 penalty factor γ"),
     "ema": P("unit_open", source="FedIIR App. C EMA factor"),
     "ema_init": P("str", source="FedIIR: the EMA's first value"),
     # FedILC (Fishr, Inter/Intra-Geo)
-    "fishr_lambda": P("nonneg", traced=True, source="FedILC §3.2 Fishr λ"),
+    "fishr_lambda": P("nonneg", source="FedILC §3.2 Fishr λ"),
     "fishr_reduction": P("str", source="FedILC official code: sum or mean"),
     "fisher_chunk": P("int", 1, source="per-example gradients per chunk (memory)"),
     "zeros": P("str", source="FedILC geometric mean: the sign of zeros"),
@@ -99,7 +97,7 @@ SCHEMA = {
     "intra_shuffle": P("bool", source="Intra-Geo: shuffle before grouping"),
     "rescale": P("bool", source="FedILC: rescale the geometric mean"),
     # Ditto
-    "ditto_lambda": P("nonneg", traced=True, source="Ditto eq. 2 λ (pull of the personal "
+    "ditto_lambda": P("nonneg", source="Ditto eq. 2 λ (pull of the personal "
                       "model to the global one)"),
     "personal_steps": P("opt_int", source="Ditto Alg. 1 s (None: local_steps)"),
     "personal_lr": P("pos", source="Ditto Alg. 1 η of the personal steps"),
@@ -126,11 +124,6 @@ RUN_FLAGS = {"lr": "client_lr", "server_lr": "server_lr", "local_steps": "local_
 def canonical(name: str) -> str:
   """The schema name of ``name`` (``'lr'`` -> ``'client_lr'``; other names unchanged)."""
   return ALIASES.get(name, name)
-
-
-def traced_names() -> tuple:
-  """Names whose sweep points can run as one batched program."""
-  return tuple(n for n, p in SCHEMA.items() if p.traced)
 
 
 def check(name: str, value, where: str | None = None, sep: str = "="):

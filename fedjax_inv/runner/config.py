@@ -109,8 +109,9 @@ RUN_KEYS = {
     "sweep": (list, "hyperparameter grid NAME=V1,V2 or ALGORITHM.NAME=V1,V2 (repeatable): "
                     "every point of the product × every seed, each a row of the table. "
                     "NAME (lr = client_lr): {hparams}. The points run batched as one "
-                    "program when every name is traced ({traced}) and --replicas "
-                    "allows; default none"),
+                    "program when the algorithm reads every name in the round (fedjax-inv "
+                    "hparams ALGORITHM lists them as traced) and --replicas allows; "
+                    "default none"),
     "search": (int, "random hyperparameter search: N points per algorithm drawn from its "
                     "search space (fedjax-inv hparams ALGORITHM; DomainBed-style), each × "
                     "every seed a row of the table; names fixed with --hp are kept; not "
@@ -304,12 +305,6 @@ def _aggregator_help() -> tuple:
   return ", ".join(sorted(base.AGGREGATORS)), ", ".join(sorted(robust.ROBUST))
 
 
-def _traced_help() -> str:
-  """The schema's traced names (``schema.traced_names``), sorted and comma-joined."""
-  from fedjax_inv.algorithms import schema
-  return ", ".join(sorted(schema.traced_names()))
-
-
 # {token} of a RUN_KEYS help -> the names it stands for, read when the parser is built.
 _HELP_LISTS = {
     "algorithms": lambda: ", ".join(choices("algorithm")),
@@ -319,7 +314,6 @@ _HELP_LISTS = {
     "attacks": lambda: ", ".join(choices("attack")),
     "client_optimizers": lambda: " | ".join(choices("client_optimizer")),
     "hparams": lambda: ", ".join(hparam_names()),
-    "traced": _traced_help,
 }
 
 
