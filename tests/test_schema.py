@@ -1,7 +1,8 @@
 """Issue 22: one hyperparameter schema (fedjax_inv/algorithms/schema.py). Every knob of
-every registered algorithm is in it, every name an algorithm traces is in it, the search spaces draw valid values, and every entry point (run flags,
-config files, --hp, --sweep, make_algorithm) applies the schema's rule: changing the
-rule in the schema changes what all of them accept."""
+every registered algorithm is in it, every name an algorithm traces is in it, the search
+spaces draw valid values, and every entry point (run flags, config files, --hp, --sweep,
+make_algorithm) applies the schema's rule: changing the rule in the schema changes what
+all of them accept."""
 import dataclasses
 import re
 
