@@ -37,9 +37,11 @@ def test_seed_avg_averages_holdouts_per_seed_and_drops_incomplete_seeds():
 
 
 def _record(group, name, holdout, seed, hist, selected_round, gamma=None):
+  sp = spec.load_spec(HERE / "spec.yaml")
+  run = next(r for r in sp.runs if r.group == group and r.name == name)
+  assert str(dict(run.config)["holdout"]) == holdout
   hp = {"local_steps": 10, **({} if gamma is None else {"gamma": gamma})}
-  return {"key": {"group": group, "name": name, "config": {"holdout": holdout},
-                  "seed": seed, "data_seed": "each"},
+  return {"key": json.loads(json.dumps(spec.run_key(sp, run, seed))),
           "algorithm": "fedavg" if gamma is None else "fediir", "hparams": hp,
           "data": {"note": "n"}, "status": "ok", "final": hist[-1], "history": hist,
           "selected": {"max:val_accuracy": {"round": selected_round}}}
@@ -48,18 +50,21 @@ def _record(group, name, holdout, seed, hist, selected_round, gamma=None):
 def test_load_reads_the_spec_records_of_a_slice_else_the_former_file(tmp_path, monkeypatch):
   hist = [{"round": 10, "val_accuracy": 0.7, "ood_accuracy": 0.4},
           {"round": 20, "val_accuracy": 0.7, "ood_accuracy": 0.6}]
-  raw = tmp_path / "raw"
-  for seed in (0, 1):
+  raw = tmp_path / "results" / "raw"
+  for seed in (0, 1, 2):
+    rec = _record("cpu_c50", "fediir-h75", "75", seed, hist, 10, gamma=0.02)
+    if seed == 2:  # a record of a former configuration of the run: not counted
+      rec["key"]["config"] = {**rec["key"]["config"], "rounds": 99}
     f = raw / "cpu_c50" / f"fediir-h75-seed{seed}.json"
     f.parent.mkdir(parents=True, exist_ok=True)
-    f.write_text(json.dumps(_record("cpu_c50", "fediir-h75", "75", seed, hist, 10,
-                                    gamma=0.02)))
-  monkeypatch.setattr(tables, "RAW", raw)
+    f.write_text(json.dumps(rec))
+  monkeypatch.setattr(tables, "OUT", tmp_path)
   tables.load.cache_clear()
   try:
     res = tables.load("results_cpu_c50_h75/c50.json")         # the records of 75°
     assert res["source"] == "results/raw/cpu_c50/" and res["rounds"] == 30
     assert res["holdouts"] == ["75"] and res["seeds"] == [0, 1, 2]
+    assert [r["seed"] for r in res["runs"]] == [0, 1]  # seed 2's record is stale
     run = res["runs"][0]
     assert run["label"] == "fediir" and run["penalty_code"] == 0.01
     assert run["selected"] == {"round": 10, "val": 0.7, "test": 0.4}

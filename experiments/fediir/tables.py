@@ -47,7 +47,7 @@ FOLDER = "experiments/fediir"
 DOMAINS = ("0", "15", "30", "45", "60", "75")
 
 SPEC = HERE / "spec.yaml"
-RAW = HERE / "results" / "raw"  # the spec's record paths: raw/<group>/<name>-seed<s>.json
+OUT = HERE  # the spec's records: OUT/results/raw/<group>/<name>-seed<s>.json
 RULE = "max:val_accuracy"       # the spec's `select`
 # The former script's files: {file: (spec group, the held-out domains it holds)}.
 FORMER = {
@@ -123,9 +123,13 @@ def run_of(rec: dict) -> dict:
 
 
 def records(group: str, holdouts=DOMAINS) -> list:
-  """The run dicts of the spec's records of ``group`` at ``holdouts`` (``[]``: none)."""
-  runs = [run_of(json.loads(f.read_text())) for f in sorted((RAW / group).glob("*.json"))]
-  return sorted((r for r in runs if r["holdout"] in holdouts),
+  """The run dicts of the spec's records of ``group`` at ``holdouts`` for its current
+  settings (``spec.kept_records``: a record of a changed configuration is not counted;
+  ``[]``: none)."""
+  from fedjax_inv.runner import spec
+  kept = spec.kept_records(spec.load_spec(SPEC), OUT,
+                           {"group": [group], "holdout": list(holdouts)})
+  return sorted((run_of(rec) for _, _, rec in kept),
                 key=lambda r: (r["seed"], DOMAINS.index(r["holdout"]), r["label"],
                                r["penalty_code"]))
 
