@@ -229,6 +229,8 @@ def is_optax(stage) -> bool:
 # Key of ``ServerState.extras`` / ``Context.extras`` holding the traced hyperparameters
 # of a batched sweep replica: ``{name: float32 scalar}`` (absent in ordinary runs).
 HPARAMS = "__hparams__"
+
+
 def hparam(ctx: "Context", name: str, default):
   """The traced value of hyperparameter ``name`` in a batched sweep replica (float32
   scalar, shared by all clients of the replica), else ``default`` (the built constant).
@@ -272,7 +274,10 @@ def learning_rate_in_round(name: str, make: Callable[[Any], optax.GradientTransf
 def reading(opt: optax.GradientTransformation, names) -> optax.GradientTransformationExtraArgs:
   """``opt`` marked as reading the traced hyperparameters ``names``: e.g. an
   ``optax.chain`` around a :func:`learning_rate_in_round` optimizer (FedGMA's mask after
-  its base's server optimizer), so that :func:`optimizer_traced` still finds them."""
+  its base's server optimizer), so that :func:`optimizer_traced` still finds them. The
+  updates are ``opt``'s, unchanged.
+
+  Source: sweeps as one batched program (:func:`learning_rate_in_round`)."""
   inner = optax.with_extra_args_support(opt)
 
   def update(updates, state, params=None, **extra):
