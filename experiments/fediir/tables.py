@@ -329,12 +329,20 @@ def _fair_starting(label) -> list:
 
 def c5_h0() -> str:
   res = load("results_cpu/c5.json")
-  same = all(np.allclose(per_seed(res, a, "0"), _fair_starting(a), atol=1e-6)
-             and len(_fair_starting(a)) == len(per_seed(res, a, "0"))
-             for a in ("fedavg", "fediir"))
-  note = ("\n\nThese are the same per-seed numbers as the fair comparison's starting values "
-          "(above, `fair/fediir_c5/`); their verdict is that row of the verdicts table."
-          if same else "")
+  pairs = [(per_seed(res, a, "0"), _fair_starting(a)) for a in ("fedavg", "fediir")]
+  gap = max((float(np.max(np.abs(np.subtract(ours, fair)))) for ours, fair in pairs
+             if len(ours) == len(fair)), default=None)
+  if gap is not None and gap < 1e-6:
+    note = ("\n\nThese are the same per-seed numbers as the fair comparison's starting "
+            "values (above, `fair/fediir_c5/`); their verdict is that row of the verdicts "
+            "table.")
+  elif gap is not None:
+    note = ("\n\nThe fair comparison's starting values (above, `fair/fediir_c5/`) run the "
+            f"same configuration; their per-seed numbers differ from these by at most {gap:.1f} "
+            "points (float32 rounding: they ran under another execution strategy). Their "
+            "verdict is that row of the verdicts table.")
+  else:
+    note = ""
   return _c5_table("results_cpu/c5.json", "RotatedMNIST, 5 clients",
                    "paper Table 4, test domain 0°") + note
 
