@@ -6,11 +6,13 @@ and each one executed end to end at its CI size (``FEDJAX_INV_NB_SIZE=ci``) in a
 kernel of this interpreter."""
 import hashlib
 import json
+import os
 import pathlib
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -118,9 +120,18 @@ def test_notebook_runs_end_to_end_at_ci_size(name, tmp_path, monkeypatch):
   work = tmp_path / "work"
   work.mkdir()
   nb = nbformat.read(NB_DIR / name, as_version=4)
-  client = nbclient.NotebookClient(nb, timeout=300, kernel_name="fedjax-inv-test",
+  # The kernel talks over Unix sockets, not TCP: a TCP port chosen free can be taken by a
+  # process of another test (the multi-process runs bind ports) before the kernel binds it.
+  from jupyter_client.manager import AsyncKernelManager
+  sockets = tempfile.mkdtemp(prefix="nbk")  # short: a socket path has ~100 characters
+  km = AsyncKernelManager(kernel_name="fedjax-inv-test", transport="ipc",
+                          ip=os.path.join(sockets, "k"))
+  client = nbclient.NotebookClient(nb, km=km, timeout=300, kernel_name="fedjax-inv-test",
                                    resources={"metadata": {"path": str(work)}})
-  client.execute()
+  try:
+    client.execute()
+  finally:
+    shutil.rmtree(sockets, ignore_errors=True)  # ours: made just above
   outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
   text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
   assert "skipping the install" in text
