@@ -39,7 +39,7 @@ import pathlib
 
 import numpy as np
 
-from fedjax_inv.runner import outputs
+from fedjax_inv.runner import outputs, spec
 from fedjax_inv.eval.verdict import Claim
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -126,7 +126,6 @@ def records(group: str, holdouts=DOMAINS) -> list:
   """The run dicts of the spec's records of ``group`` at ``holdouts`` for its current
   settings (``spec.kept_records``: a record of a changed configuration is not counted;
   ``[]``: none)."""
-  from fedjax_inv.runner import spec
   kept = spec.kept_records(spec.load_spec(SPEC), OUT,
                            {"group": [group], "holdout": list(holdouts)})
   return sorted((run_of(rec) for _, _, rec in kept),
@@ -145,7 +144,6 @@ def load(rel: str) -> dict:
   if not runs:
     res = json.loads((HERE / rel).read_text())
     return {**res, "source": rel}
-  from fedjax_inv.runner import spec
   sp = spec.load_spec(SPEC)
   rounds = {r.cfg["rounds"] for r in sp.runs if r.group == group}
   return {"runs": runs, "holdouts": list(holdouts), "seeds": list(sp.seeds),
