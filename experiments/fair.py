@@ -50,6 +50,9 @@ sys.path.insert(0, str(HERE.parent))
 TRIALS = 8
 TUNING_SEEDS = (100,)
 REPORT_SEEDS = (0, 1, 2)
+# The execution strategy of every run: what every committed record ran (its 'execution'
+# field), pinned so that a re-run computes with the same arithmetic on any machine.
+EXECUTION = "scan"
 
 # Row definitions. 'base': trial 0's values per algorithm ('*' = all); 'fixed': part of the
 # row's definition, never searched; 'space': ranges added for every method of the row.
@@ -371,7 +374,8 @@ def run(name: str, trials=None) -> None:
   tuning.tune_row(row_dir(name), task=row["task"], algorithms=row["algorithms"],
                   rounds=row["rounds"], protocol=protocol, base=row.get("base"),
                   fixed=row.get("fixed"), task_kwargs=row.get("task_kwargs"),
-                  eval_every=row.get("eval_every"), paper=row.get("paper"))
+                  eval_every=row.get("eval_every"), paper=row.get("paper"),
+                  execution=row.get("execution", EXECUTION))
 
 
 def record_data(names) -> int:

@@ -340,7 +340,7 @@ def cmd_tune(args) -> int:
                              exclude=tuple(fixed.get("*", {})))
   row = tuning.tune_row(args.out, task=args.task, algorithms=args.algorithm,
                         rounds=args.rounds, protocol=protocol, fixed=fixed,
-                        eval_every=args.eval_every)
+                        eval_every=args.eval_every, execution=args.execution)
   final = row["report"][row["protocol"]["algorithms"][0]][0]["final"] or {}
   metrics = {k: k for k in final if k.endswith(("_accuracy", "_mse")) and "client" not in k}
   print("\n" + tuning.markdown_table(row, metrics, variants=("starting", "report")))
@@ -440,6 +440,10 @@ def main(argv=None) -> int:
   tu.add_argument("--search-seed", type=int, default=0)
   tu.add_argument("--val-fraction", type=float, default=0.1)
   tu.add_argument("--eval-every", type=int, default=None)
+  tu.add_argument("--execution", default="auto", help="execution strategy of every run: "
+                  + ", ".join(_config.choices("execution")) + "; default auto (the one "
+                  "measured fastest). Pin one (e.g. scan) for runs that must compute alike "
+                  "on any machine")
   tu.add_argument("--hp", action="append", default=[], metavar="[ALGORITHM.]NAME=VALUE",
                   help="a value fixed for every trial (not searched); NAME as for "
                   "`fedjax-inv run --sweep`")

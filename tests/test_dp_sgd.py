@@ -201,7 +201,8 @@ def _estimator_case(w, batch_size, clip=0.5):
   comp = dp_sgd.dp_sgd_component(clip, 0.0, batch_size)
   assert comp.name == "dp_sgd"
   batch = Batch(x=jnp.asarray(x), y=jnp.asarray(y), w=jnp.asarray(w))
-  loss, g = comp.grad_estimator(objective, params, batch, None, jax.random.key(0))
+  loss, g = comp.call("grad_estimator", objective=objective, params=params, batch=batch,
+                      key=jax.random.key(0))
   r = x.astype(np.float64) @ np.asarray(params["w"], np.float64) + 0.3 - y
   per = np.concatenate([2 * r[:, None], 2 * r[:, None] * x], axis=1)  # [c, w...] per row
   scale = np.minimum(1.0, clip / np.linalg.norm(per, axis=1)) * np.asarray(w)

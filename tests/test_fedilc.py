@@ -347,7 +347,8 @@ def test_intra_geo_groups_with_negative_zeros_equal_python_loop():
   ctx, vg = _estimator_inputs(model, "binary", params)
 
   comp = fedilc.intra_geo_component(3, zeros="negative")
-  est = jax.jit(lambda p, b: comp.grad_estimator(vg, p, b, ctx, jax.random.key(0)))
+  est = jax.jit(lambda p, b: comp.call("grad_estimator", objective=vg, params=p, batch=b,
+                                        ctx=ctx, key=jax.random.key(0)))
   reference = group_wgm_grad(model, 3, "negative")
   for i, seed in ((0, 1), (3, 2)):
     bidx = np.random.default_rng(seed).integers(0, int(data.n[i]), 8)
@@ -440,13 +441,14 @@ def test_fishr_protocol_equals_jax_grad_of_penalty():
           x, y, n)
       return agg.finalize(tmap(lambda a: jnp.sum(a, axis=0), lifted))
 
-    ctx = ctx_with(comp.init_server(p))
-    mean = summed(comp.pre_aggregator, lambda x, y, n: comp.pre_message(
-        model, "binary", p, full_batch(x, y, n), ctx, key))
-    state = comp.pre_update(ctx.extras["fishr"], mean, ctx)
+    ctx = ctx_with(comp.call("init_server", params=p))
+    view = dict(model=model, kind="binary", params=p, key=key)
+    mean = summed(comp.pre_aggregator, lambda x, y, n: comp.call(
+        "pre_message", batch=full_batch(x, y, n), ctx=ctx, **view))
+    state = comp.call("pre_update", state=ctx.extras["fishr"], aggregate=mean, ctx=ctx)
     ctx = ctx_with(state)
-    return state, summed(comp.aggregator, lambda x, y, n: comp.message(
-        model, "binary", p, full_batch(x, y, n), ctx, key))
+    return state, summed(comp.aggregator, lambda x, y, n: comp.call(
+        "message", batch=full_batch(x, y, n), ctx=ctx, **view))
 
   state, got = protocol(params, data.x, data.y, data.n)
   ctx = ctx_with(state)
@@ -457,7 +459,8 @@ def test_fishr_protocol_equals_jax_grad_of_penalty():
   assert feat_norm > 1e-10
   # The server stage adds λ · mean VJP to the pseudo-gradient.
   pg = tmap(jnp.ones_like, params)
-  out, _ = fedilc.fishr_component(2.5, "mean").server_stage(pg, state, {"fishr": got}, ctx)
+  out, _ = fedilc.fishr_component(2.5, "mean").call(
+      "server_stage", pseudo_grad=pg, state=state, messages={"fishr": got}, ctx=ctx)
   _assert_trees_close(out, tmap(lambda g: 1.0 + 2.5 * g, got), rtol=1e-6, atol=1e-7)
 
 
@@ -496,10 +499,10 @@ def test_intra_geo_per_example_equals_groups_of_one():
 
   @jax.jit
   def estimates(p, b):
-    est = lambda groups, chunk=64: fedilc.intra_geo_component(groups, chunk).grad_estimator(  # noqa: E731
-        vg, p, b, ctx, key)
-    negative = fedilc.intra_geo_component(None, 64, "negative").grad_estimator(
-        vg, p, b, ctx, key)
+    view = dict(objective=vg, params=p, batch=b, ctx=ctx, key=key)
+    est = lambda groups, chunk=64: fedilc.intra_geo_component(groups, chunk).call(  # noqa: E731
+        "grad_estimator", **view)
+    negative = fedilc.intra_geo_component(None, 64, "negative").call("grad_estimator", **view)
     return est(None, 6), est(n, 6), est(n + 7), est(1), vg(p, b, key), negative
 
   per_ex, groups, more, one, plain, negative = estimates(params, batch)
@@ -633,9 +636,10 @@ def test_intra_geo_dense_closed_form_equals_per_example_path(kind, outputs, zero
 
   comp = fedilc.intra_geo_component(None, 8, zeros)
   key = jax.random.key(0)
-  loss_ref, ref = jax.jit(lambda p: comp.grad_estimator(vg, p, batch, ctx, key))(params)
-  loss, got = jax.jit(lambda p: comp.grad_estimator(vg._replace(task_only=True), p, batch,
-                                                    ctx, key))(params)
+  loss_ref, ref = jax.jit(lambda p: comp.call("grad_estimator", objective=vg, params=p,
+                                               batch=batch, key=key))(params)
+  loss, got = jax.jit(lambda p: comp.call("grad_estimator", objective=vg._replace(
+      task_only=True), params=p, batch=batch, key=key))(params)
   np.testing.assert_allclose(float(loss), float(loss_ref), rtol=1e-6)
   _assert_trees_close(got, ref, rtol=2e-5, atol=1e-7)
   assert any(float(jnp.max(jnp.abs(g))) > 0 for g in jax.tree.leaves(got))

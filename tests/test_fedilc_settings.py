@@ -165,9 +165,11 @@ def test_fishr_sum_scale_closed_form():
   pg = jax.tree.map(jnp.ones_like, params)
   for reduction, factor in (("sum", 1.0), ("mean", 1.0 / e)):
     comp = fedilc.fishr_component(2.0, reduction)
-    state = comp.pre_update(comp.init_server(params), mean, _ctx(params, None, e))
+    state = comp.call("pre_update", state=comp.init_server(params), aggregate=mean,
+                      ctx=_ctx(params, None, e))
     np.testing.assert_allclose(float(state["penalty"]), direct * factor, rtol=1e-5)
-    out, _ = comp.server_stage(pg, state, {"fishr": vjp}, _ctx(params, state, e))
+    out, _ = comp.call("server_stage", pseudo_grad=pg, state=state, messages={"fishr": vjp},
+                       ctx=_ctx(params, state, e))
     scale = 2.0 * (e if reduction == "sum" else 1.0)
     chex.assert_trees_all_close(
         out, jax.tree.map(lambda p: jnp.full_like(p, 1.0 + scale * 0.5), params), rtol=1e-6)
@@ -230,10 +232,12 @@ def test_intra_geo_default_trains_where_per_example_both_is_zero():
   ctx = _ctx(params, None, 1)
   key = jax.random.key(0)
   literal = fedilc.intra_geo_component(None, 64, "both")
-  _, g_lit = literal.grad_estimator(_vg(model), params, batch, ctx, key)
+  _, g_lit = literal.call("grad_estimator", objective=_vg(model), params=params, batch=batch,
+                          ctx=ctx, key=key)
   alg = make_algorithm("fishr_intra_geo")
   est = next(c for c in alg.components if c.grad_estimator is not None)
-  _, g_def = est.grad_estimator(_vg(model), params, batch, ctx, key)
+  _, g_def = est.call("grad_estimator", objective=_vg(model), params=params, batch=batch, ctx=ctx,
+                      key=key)
   first = lambda g: jax.tree.leaves(g["featurizer"])  # noqa: E731
   chex.assert_trees_all_equal_shapes(g_lit, g_def, params)
   assert first(g_lit)  # a non-empty featurizer: the all() checks below are not vacuous
@@ -258,7 +262,8 @@ def test_intra_group_size_equals_python_loop_over_minibatches():
   g_mean = jax.grad(lambda p, xx, yy: losses.mean_loss("binary", model.apply(p, xx), yy))
   for zeros in ("negative", "both"):
     comp = fedilc.intra_geo_component(None, 64, zeros, group_size=s, shuffle=False)
-    loss, got = comp.grad_estimator(_vg(model), params, batch, ctx, key)
+    loss, got = comp.call("grad_estimator", objective=_vg(model), params=params, batch=batch,
+                          ctx=ctx, key=key)
     gs = [g_mean(params, full.x[i:min(i + s, n)], full.y[i:min(i + s, n)])
           for i in range(0, n, s)]
     want = aggs.weighted_geometric_mean(jax.tree.map(lambda *a: jnp.stack(a), *gs),
@@ -268,13 +273,16 @@ def test_intra_group_size_equals_python_loop_over_minibatches():
         "binary", model.apply(params, full.x[:n]), full.y[:n])), rtol=1e-5)
   # One group holding all n examples: the plain mean gradient, whatever the shuffle.
   comp = fedilc.intra_geo_component(None, 64, "negative", group_size=n, shuffle=True)
-  _, got = comp.grad_estimator(_vg(model), params, batch, ctx, key)
+  _, got = comp.call("grad_estimator", objective=_vg(model), params=params, batch=batch, ctx=ctx,
+                     key=key)
   want = g_mean(params, full.x[:n], full.y[:n])
   chex.assert_trees_all_close(got, want, rtol=1e-5, atol=1e-8)
   # Shuffling changes the groups (so the estimate) between keys.
   comp = fedilc.intra_geo_component(None, 64, "negative", group_size=s, shuffle=True)
-  _, g1 = comp.grad_estimator(_vg(model), params, batch, ctx, jax.random.key(0))
-  _, g2 = comp.grad_estimator(_vg(model), params, batch, ctx, jax.random.key(1))
+  _, g1 = comp.call("grad_estimator", objective=_vg(model), params=params, batch=batch, ctx=ctx,
+                    key=jax.random.key(0))
+  _, g2 = comp.call("grad_estimator", objective=_vg(model), params=params, batch=batch, ctx=ctx,
+                    key=jax.random.key(1))
   assert max_abs_diff(g1, g2) > 1e-7
 
 

@@ -124,7 +124,8 @@ def test_reparameterization_moments(tiny_multiclass):
   comp = fedsr_component(sigma_min=1e-5)
   n = 20000
   x = jnp.tile(tiny_multiclass.train.x[0, :1], (n, 1))
-  fwd = comp.forward(m, p, x, jax.random.key(5))
+  fwd = comp.call("forward", model=m, params=p, batch=Batch(x=x, y=None, w=None),
+                  key=jax.random.key(5))
   h = np.asarray(m.features(p, x[:1]), np.float64)[0]
   mu, sigma = h[:Z], softplus(h[Z:]) + 1e-5               # σ = softplus(pre-σ) + floor
   np.testing.assert_allclose(np.asarray(fwd.aux[0])[0], mu, rtol=1e-5, atol=1e-6)
@@ -148,7 +149,8 @@ def test_eval_forward_averages_probabilities(tiny_multiclass, tiny_binary, kind)
   s = 7
   comp = fedsr_component(mc_samples=s)
   key = jax.random.key(11)
-  got = np.asarray(comp.eval_forward(m, p, x, key), np.float64)
+  got = np.asarray(comp.call("eval_forward", model=m, params=p, batch=Batch(x=x, y=None, w=None),
+                             key=key), np.float64)
   # Manual loop with the same draws.
   h = np.asarray(m.features(p, x), np.float64)
   mu, sigma = h[:, :Z], softplus(h[:, Z:]) + 1e-5
@@ -208,13 +210,14 @@ def _model_params_batch(task):
 def test_l2r_and_cmi_terms_match_hand_computation(tiny_multiclass):
   m, p, b = _model_params_batch(tiny_multiclass)
   key = jax.random.key(2)
-  fwd = fedsr_component().forward(m, p, b.x, key)
+  fwd = fedsr_component().call("forward", model=m, params=p, batch=b, key=key)
   l2r_sq, l2r, cmi = _hand_terms(fwd, p["reference"], b.y, b.w)
   assert cmi > 0.1 and l2r_sq > 0.1
   ctx = _ctx(p)
   def term(**kw):
     c = fedsr_component(r_mode="averaged", **kw)
-    return float(c.loss(m, "multiclass", p, b, fwd, ctx, key))
+    return float(c.call("loss", model=m, kind="multiclass", params=p, batch=b, fwd=fwd, ctx=ctx,
+                        key=key))
   np.testing.assert_allclose(term(alpha_l2r=0.3, alpha_cmi=0.0), 0.3 * l2r_sq, rtol=1e-5)
   np.testing.assert_allclose(term(alpha_l2r=0.3, alpha_cmi=0.0, l2r_squared=False),
                              0.3 * l2r, rtol=1e-5)
@@ -224,11 +227,13 @@ def test_l2r_and_cmi_terms_match_hand_computation(tiny_multiclass):
   # Local mode: the client's own r is used (the params' copy is only an offset).
   r_local = _random_reference(p, seed=9)["reference"]
   c = fedsr_component(alpha_l2r=0.0, alpha_cmi=0.2, r_mode="local")
-  got = float(c.loss(m, "multiclass", p, b, fwd, _ctx(p, r_local), key))
+  got = float(c.call("loss", model=m, kind="multiclass", params=p, batch=b, fwd=fwd,
+                     ctx=_ctx(p, r_local), key=key))
   np.testing.assert_allclose(got, 0.2 * _hand_terms(fwd, r_local, b.y, b.w)[2], rtol=1e-5)
   shift = jax.tree.map(lambda a: a + 0.25, p["reference"])
   moved = {**p, "reference": shift}
-  got = float(c.loss(m, "multiclass", moved, b, fwd, _ctx(p, r_local), key))
+  got = float(c.call("loss", model=m, kind="multiclass", params=moved, batch=b, fwd=fwd,
+                     ctx=_ctx(p, r_local), key=key))
   want_ref = jax.tree.map(lambda a: a + 0.25, r_local)
   np.testing.assert_allclose(got, 0.2 * _hand_terms(fwd, want_ref, b.y, b.w)[2], rtol=1e-5)
 
@@ -244,9 +249,11 @@ def test_gradients_reach_featurizer_and_reference(tiny_multiclass):
 
   def grads(comp, ctx, model=m, params=p):
     def f(q):
-      fwd = (comp.forward(model, q, b.x, key) if comp.forward is not None
+      fwd = (comp.call("forward", model=model, params=q, batch=b, key=key)
+             if comp.forward is not None
              else default_forward(model, q, b.x))
-      return comp.loss(model, "multiclass", q, b, fwd, ctx, key)
+      return comp.call("loss", model=model, kind="multiclass", params=q, batch=b, fwd=fwd,
+                       ctx=ctx, key=key)
     return jax.grad(f)(params)
 
   g = grads(fedsr_component(alpha_l2r=1.0, alpha_cmi=0.0), _ctx(p))
@@ -476,8 +483,8 @@ def test_local_reference_updates_client_state_without_a_message(tiny_multiclass)
   assert c.aggregator is None and c.message is None and c.update_client is not None
   p = fedsr_model(tiny_multiclass.model, z_dim=Z).init(0)
   moved = jax.tree.map(lambda a: a + 1.0, p)
-  ctx = _ctx(p, client_ref=c.init_client(p))
-  r_new = c.update_client(None, "multiclass", moved, None, ctx, None)
+  ctx = _ctx(p, client_ref=c.call("init_client", params=p))
+  r_new = c.call("update_client", kind="multiclass", params=moved, ctx=ctx)
   chex.assert_trees_all_close(r_new, jax.tree.map(lambda a: a + 1.0, p["reference"]))
 
 

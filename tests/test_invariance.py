@@ -257,7 +257,8 @@ def test_fediir_penalty_value_and_featurizer_gradient(tiny_binary):
 
   @jax.jit
   def penalty(p):
-    return comp.loss(model, "binary", p, batch, default_forward(model, p, x), ctx, None)
+    return comp.call("loss", model=model, kind="binary", params=p, batch=batch,
+                     fwd=default_forward(model, p, x), ctx=ctx)
 
   g_cf = _classifier_grad_closed_form(model, params, x, y, w)
   want = 0.5 * gamma * sum(float(jnp.sum((g_cf[k] - target[k]) ** 2)) for k in g_cf)
@@ -371,7 +372,7 @@ def test_lambda_schedule_is_an_optax_schedule():
   assert [float(step(t)) for t in range(5)] == [0.0, 0.0, 0.0, 1e4, 1e4]
   ramp = optax.linear_schedule(0.0, 100.0, 10)
   comp = invariance.irm_component(lambda_schedule=ramp)
-  scales = [float(comp.loss_scale(types.SimpleNamespace(round=jnp.int32(t))))
+  scales = [float(comp.call("loss_scale", ctx=types.SimpleNamespace(round=jnp.int32(t))))
             for t in (0, 1, 5, 10, 20)]
   assert scales == [1.0, 10.0, 50.0, 100.0, 100.0]  # max(λ(t), 1)
   alg = make_algorithm("inv_fedavg", lambda_schedule=ramp)

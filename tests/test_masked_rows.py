@@ -567,7 +567,8 @@ def test_fedsr_cmi_term(bad):
 
   def fn(m, s):
     batch = Batch(x=jnp.zeros((N, 1)), y=y, w=W)
-    return comp.loss(None, "multiclass", params0, batch, Forward(m, m, (m, s)), ctx, None)
+    return comp.call("loss", kind="multiclass", params=params0, batch=batch, fwd=Forward(m, m, (m,
+                     s)), ctx=ctx)
 
   def ref(m, s):  # analytic KL(N(m, s²) ‖ N(0, r²)), r = softplus(0) + 1e-5, over z_dim
     r = jnp.log(2.0) + 1e-5

@@ -337,6 +337,20 @@ def test_adaptive_with_noise_runs_under_every_strategy_alike(pool):
     chex.assert_trees_all_close(got.extras["dp"], ref.extras["dp"], rtol=1e-5)
 
 
+def test_adaptive_clipping_runs_through_run_with_the_automatic_strategy(pool):
+  """run()'s default execution='auto' sizes a round from the aggregator's statistics; the
+  adaptive clipped mean reads the client's context there too (it once failed on it), and
+  the run equals the explicitly chosen strategy's."""
+  data, model = pool
+  task = Task("pool", "binary", data, {"test": data.take(np.arange(4))}, model, {})
+  alg = _adaptive(_fedavg(), 0.05, 0.0, 0.5)
+  auto = simulation.run(task, alg, rounds=2, clients_per_round=C, seed=0, progress=False)
+  vmap = simulation.run(task, alg, rounds=2, clients_per_round=C, seed=0, progress=False,
+                        execution="vmap")
+  chex.assert_trees_all_close(auto.params, vmap.params, rtol=1e-5, atol=1e-6)
+  assert auto.final["round"] == 2
+
+
 # --------------------------------------------------------------------------- coverage
 
 
@@ -440,19 +454,21 @@ def test_dp_noise_stage_adds_sigma_clip_over_e_from_the_round_key():
   ctx = SimpleNamespace(key=jax.random.key(11))
   comp = privacy.dp_component(0.8, 1.0, 10)  # sigma exactly 1
   assert comp.name == "dp" and comp.message is None
-  out, state = comp.server_stage(mean, {"s": 1}, {}, ctx)
+  out, state = comp.call("server_stage", pseudo_grad=mean, state={"s": 1}, messages={},
+                         ctx=ctx)
   assert state == {"s": 1}
   chex.assert_trees_all_close(out, _pinned_noise(mean, ctx.key, 1.0 * 0.8 / 10), rtol=1e-6)
   comp = privacy.dp_component(0.3, 2.5, 4)
-  out, _ = comp.server_stage(mean, None, {}, ctx)
+  out, _ = comp.call("server_stage", pseudo_grad=mean, state=None, messages={}, ctx=ctx)
   chex.assert_trees_all_close(out, _pinned_noise(mean, ctx.key, 2.5 * 0.3 / 4), rtol=1e-6)
   # sigma = 0: the mean itself, even with an infinite clip and no key
   for key in (ctx.key, None):
-    out, _ = privacy.dp_component(math.inf, 0.0, 10).server_stage(
-        mean, None, {}, SimpleNamespace(key=key))
+    out, _ = privacy.dp_component(math.inf, 0.0, 10).call(
+        "server_stage", pseudo_grad=mean, state=None, messages={}, ctx=SimpleNamespace(key=key))
     chex.assert_trees_all_equal(out, mean)
   with pytest.raises(ValueError, match="needs the round's key"):
-    comp.server_stage(mean, None, {}, SimpleNamespace(key=None))
+    comp.call("server_stage", pseudo_grad=mean, state=None, messages={},
+              ctx=SimpleNamespace(key=None))
 
 
 def test_adaptive_dp_component_message_sum_and_clip_update():
@@ -467,12 +483,12 @@ def test_adaptive_dp_component_message_sum_and_clip_update():
                                               "count_stddev": count_stddev,
                                               "update_noise": update_noise})
   comp = component(0.0, 0.0)
-  init = comp.init_server({"w": jnp.zeros(2)})
+  init = comp.call("init_server", params={"w": jnp.zeros(2)})
   assert list(init) == ["clip"] and float(init["clip"]) == pytest.approx(0.5)
   start = {"w": jnp.asarray([3.0, 4.0])}
   for clip, want in ((5.0, 1.0), (4.99, 0.0), (6.0, 1.0)):
     ctx = SimpleNamespace(params=start, extras={"dp": {"clip": jnp.float32(clip)}})
-    b = comp.message(None, "binary", {"w": jnp.zeros(2)}, None, ctx, None)
+    b = comp.call("message", params={"w": jnp.zeros(2)}, ctx=ctx)
     assert float(b) == want, clip
   agg = comp.aggregator
   assert agg.name == "sum" and float(agg.finalize(jnp.float32(3.0))) == 3.0
@@ -486,21 +502,23 @@ def test_adaptive_dp_component_message_sum_and_clip_update():
     return 0.5 * math.exp(-eta * (count / E - gamma))
   # no noise at all (sigma = 0), even with a count noise set
   for comp in (component(0.0, 0.0), component(2.0, 0.0)):
-    out, state = comp.server_stage(mean, {"clip": jnp.float32(0.5)}, {"dp": jnp.float32(6.0)},
-                                   ctx)
+    out, state = comp.call("server_stage", pseudo_grad=mean, state={"clip": jnp.float32(0.5)},
+                           messages={"dp": jnp.float32(6.0)}, ctx=ctx)
     chex.assert_trees_all_equal(out, mean)
     assert list(state) == ["clip"] and state["clip"].dtype == jnp.float32
     assert float(state["clip"]) == pytest.approx(clip_after(6.0), rel=1e-6)
   # update noise only: drawn from the round's key itself
-  out, state = component(0.0, 0.9).server_stage(mean, {"clip": jnp.float32(0.5)},
-                                                {"dp": jnp.float32(6.0)}, ctx)
+  out, state = component(0.0, 0.9).call("server_stage", pseudo_grad=mean,
+                                        state={"clip": jnp.float32(0.5)},
+                                        messages={"dp": jnp.float32(6.0)}, ctx=ctx)
   chex.assert_trees_all_close(out, _pinned_noise(mean, key, 0.9 * 0.5 / E), rtol=1e-6)
   assert float(state["clip"]) == pytest.approx(clip_after(6.0), rel=1e-6)
   # both: split(key) -> (update noise key, count noise key)
   k_update, k_count = jax.random.split(key)
   noisy_count = 6.0 + 0.75 * float(jax.random.normal(k_count, (), jnp.float32))
-  out, state = component(0.75, 0.9).server_stage(mean, {"clip": jnp.float32(0.5)},
-                                                 {"dp": jnp.float32(6.0)}, ctx)
+  out, state = component(0.75, 0.9).call("server_stage", pseudo_grad=mean,
+                                         state={"clip": jnp.float32(0.5)},
+                                         messages={"dp": jnp.float32(6.0)}, ctx=ctx)
   chex.assert_trees_all_close(out, _pinned_noise(mean, k_update, 0.9 * 0.5 / E), rtol=1e-6)
   assert float(state["clip"]) == pytest.approx(clip_after(noisy_count), rel=1e-5)
 

@@ -31,7 +31,7 @@ def _close(a, b, rtol=1e-5, atol=1e-7):
 @pytest.mark.slow
 @pytest.mark.parametrize("stage", [
     optax.scale(0.5),  # an ordinary optax transformation, usable outside the engine
-    lambda pg, state, messages, ctx: (jax.tree.map(lambda g: 0.5 * g, pg), state)])
+    lambda pseudo_grad, state: (jax.tree.map(lambda g: 0.5 * g, pseudo_grad), state)])
 def test_a_server_stage_scaling_the_pseudo_gradient_equals_a_smaller_server_lr(
     tiny_binary, stage):
   """stage 0.5, then sgd(1) = sgd(0.5): the stage runs before the server optimizer."""
@@ -49,7 +49,7 @@ def test_a_server_stage_scaling_the_pseudo_gradient_equals_a_smaller_server_lr(
 
 
 @pytest.mark.parametrize("stage", [
-    lambda g, ctx: jax.tree.map(lambda a: 2.0 * a, g),  # a function (grads, ctx) -> grads
+    lambda grads: jax.tree.map(lambda a: 2.0 * a, grads),  # a function of what it reads
     optax.scale(2.0)])  # or an optax transformation
 def test_a_client_stage_runs_before_the_client_optimizer(tiny_binary, stage):
   """A client stage doubling the gradient = the client optimizer at twice the rate (SGD)."""
@@ -81,7 +81,7 @@ def test_scaffold_control_variate_is_its_server_state(tiny_binary):
 
 def test_stage_errors_name_the_fix(tiny_binary):
   with pytest.raises(TypeError, match="ctx="):
-    client_stage(lambda g, ctx: g).update({"a": jnp.ones(2)}, optax.EmptyState(), None)
+    client_stage(lambda grads, ctx: grads).update({"a": jnp.ones(2)}, optax.EmptyState(), None)
   base = make_algorithm("fedavg")
   with pytest.raises(TypeError, match="server_stage must be a function or an optax"):
     base.with_component(Component("bad", server_stage=3))
@@ -91,7 +91,39 @@ def test_stage_errors_name_the_fix(tiny_binary):
     base.with_component(Component("server_optimizer"))
   with pytest.raises(ValueError, match="has no init_server"):
     base.with_component(Component("p", pre_message=lambda *a: 0.0,
-                                  pre_update=lambda s, a, c: s))
+                                  pre_update=lambda state, aggregate: state))
+
+
+def test_a_hook_reads_the_arguments_it_names():
+  """Hooks read their arguments by name: each gets exactly the ones it declares (a
+  ``**kwargs`` hook gets all of its hook's), and a name its hook does not provide is
+  refused when the component is built, naming the hook, the name and the ones there
+  are."""
+  seen = {}
+
+  def message(params, ctx):
+    seen["message"] = (params, ctx)
+    return 1.0
+
+  def loss(**arguments):
+    seen["loss"] = sorted(arguments)
+    return 0.0
+
+  comp = Component("c", message=message, loss=loss)
+  view = dict(model="m", kind="binary", params="p", batch="b", ctx="x", key="k")
+  assert comp.call("message", **view) == 1.0 and seen["message"] == ("p", "x")
+  comp.call("loss", fwd="f", **view)
+  assert seen["loss"] == sorted([*view, "fwd"])
+  with pytest.raises(TypeError, match=r"component 'bad': loss hook '<lambda>' has a "
+                     r"parameter 'w'.*\('model', 'kind', 'params', 'batch', 'ctx', 'key', "
+                     r"'fwd'\)"):
+    Component("bad", loss=lambda w, ctx: 0.0)
+  with pytest.raises(TypeError, match="parameter 'p'"):
+    Component("bad", init_server=lambda p: p)
+  with pytest.raises(ValueError, match="'losses' is not a hook"):
+    comp.call("losses")
+  with pytest.raises(ValueError, match="has no forward function"):
+    comp.call("forward", model="m", params="p", batch="b", key="k")
 
 
 def test_changing_local_steps_after_building_is_refused():

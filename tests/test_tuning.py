@@ -246,6 +246,21 @@ def test_bad_setting_fails_before_any_run_or_file(tmp_path, monkeypatch):
   assert not (tmp_path / "r").exists()
 
 
+def test_a_pinned_execution_is_every_run_s_strategy(tmp_path, monkeypatch):
+  """``execution=`` reaches every run of the row (and protocol.json); a strategy that does
+  not exist is refused before any run or file."""
+  p = tuning.Protocol(trials=1, tuning_seeds=(100,), report_seeds=(0,))
+  kw = dict(task="linear_regression", algorithms=["fedavg"], rounds=2, protocol=p,
+            stream=open("/dev/null", "w"))
+  row = tuning.tune_row(tmp_path / "r", execution="vmap", **kw)
+  assert row["report"]["fedavg"][0]["execution"] == "vmap"
+  assert json.loads((tmp_path / "r" / "protocol.json").read_text())["execution"] == "vmap"
+  monkeypatch.setattr(tuning, "_run_one", lambda *a, **k: pytest.fail("ran"))
+  with pytest.raises(ValueError, match="execution"):
+    tuning.tune_row(tmp_path / "bad", execution="warp", **kw)
+  assert not (tmp_path / "bad").exists()
+
+
 @pytest.mark.slow
 def test_cli_tune_end_to_end_and_bad_input(tmp_path, capsys):
   from fedjax_inv.cli import main

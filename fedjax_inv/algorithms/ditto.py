@@ -65,8 +65,7 @@ def ditto_component(lam: float, personal_steps: int, personal_lr: float | None,
     raise ValueError(f"personal_lr={personal_lr}; it must be > 0 (or None: the client "
                      "learning rate).")
 
-  def update(model, kind, params, batch, ctx, key):
-    del params  # the trained global model is the base algorithm's; v_k is pulled to w_t
+  def update(model, kind, batch, ctx, key):  # v_k is pulled to w_t (ctx.params)
     w_t, v = ctx.params, ctx.client["ditto"]
     lam_t = hparam(ctx, "ditto_lambda", lam)
     eta = personal_lr if personal_lr is not None else hparam(ctx, "client_lr", client_lr)

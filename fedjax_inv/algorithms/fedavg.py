@@ -42,8 +42,7 @@ def prox_component(mu: float) -> Component:
     raise ValueError(f"mu={mu}; the FedProx coefficient must be >= 0.")
   return Component(
       name="prox",
-      loss=lambda model, kind, params, batch, fwd, ctx, key: penalties.prox_term(
-          params, ctx.params, hparam(ctx, "mu", mu)),
+      loss=lambda params, ctx: penalties.prox_term(params, ctx.params, hparam(ctx, "mu", mu)),
       traced=("mu",))
 
 
@@ -70,20 +69,19 @@ def scaffold_component(local_steps: int, client_lr: float) -> Component:
     return jax.tree.map(lambda g, c, ci: g - ci + c, grads, ctx.extras["scaffold"],
                         ctx.client["scaffold"])
 
-  def new_control(model, kind, params, batch, ctx, key):  # Alg. 1 l. 12, option II
+  def new_control(params, ctx):  # Alg. 1 l. 12, option II
     c, ci = ctx.extras["scaffold"], ctx.client["scaffold"]
     k = local_steps if ctx.local_steps is None else ctx.local_steps  # local_epochs: K_i
     step = k * hparam(ctx, "client_lr", client_lr)
     return jax.tree.map(lambda ci, c, x, y: ci - c + (x - y) / step, ci, c, ctx.params,
                         params)
 
-  def message(model, kind, params, batch, ctx, key):  # Δc_i
-    return jax.tree.map(jnp.subtract, new_control(model, kind, params, batch, ctx, key),
-                        ctx.client["scaffold"])
+  def message(params, ctx):  # Δc_i
+    return jax.tree.map(jnp.subtract, new_control(params, ctx), ctx.client["scaffold"])
 
-  def control_update(pseudo_grad, c, messages, ctx):  # Alg. 1 l. 17
+  def control_update(pseudo_grad, state, messages, ctx):  # Alg. 1 l. 17; state = c
     frac = ctx.cohort / ctx.num_clients
-    return pseudo_grad, jax.tree.map(lambda c, d: c + frac * d, c, messages["scaffold"])
+    return pseudo_grad, jax.tree.map(lambda c, d: c + frac * d, state, messages["scaffold"])
 
   zeros = lambda params: jax.tree.map(jnp.zeros_like, params)  # noqa: E731
   return Component(name="scaffold", client_stage=correct,

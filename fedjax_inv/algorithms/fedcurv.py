@@ -125,16 +125,16 @@ def fedcurv_component(curv_lambda: float, fisher_chunk: int = 64) -> Component:
     z = lambda: jax.tree.map(jnp.zeros_like, params)  # noqa: E731
     return {"f": z(), "f_theta": z(), "f_theta2": z()}
 
-  def loss(model, kind, params, batch, fwd, ctx, key):
+  def loss(params, ctx):
     return lam * fedcurv_penalty(params, ctx.extras["fedcurv"], ctx.client["fedcurv"])
 
-  def contribution(model, kind, params, batch, ctx, key):  # the client's new state
+  def contribution(model, kind, params, batch):  # the client's new state
     f = diagonal_fisher(model, kind, params, batch, chunk)
     return {"f": f, "f_theta": jax.tree.map(jnp.multiply, f, params),
             "f_theta2": jax.tree.map(lambda a, t: a * t * t, f, params)}
 
-  def message(model, kind, params, batch, ctx, key):  # new contribution minus the old
-    return jax.tree.map(jnp.subtract, contribution(model, kind, params, batch, ctx, key),
+  def message(model, kind, params, batch, ctx):  # new contribution minus the old
+    return jax.tree.map(jnp.subtract, contribution(model, kind, params, batch),
                         ctx.client["fedcurv"])
 
   def pool_sums(pseudo_grad, state, messages, ctx):  # server stage; pseudo-grad unchanged

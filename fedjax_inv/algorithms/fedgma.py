@@ -24,7 +24,7 @@ def masked(name, rule, base, tau, mask_at, rescale, kw):
                      f"aggregator={kw.get('aggregator')!r}.")
   alg, mask = make_algorithm(base, **kw), mask_step(tau, rule, rescale)  # the server stage
   sign = Component("sign", aggregator=sign_agreement(), traced=("tau",), message=lambda
-                   model, kind, w, batch, ctx, key: jax.tree.map(jnp.subtract, ctx.params, w))
+                   params, ctx: jax.tree.map(jnp.subtract, ctx.params, params))
   chain = (alg.server_optimizer, mask) if mask_at == "update" else (mask, alg.server_optimizer)
   hp = dict(alg.hparams, base=base, tau=float(tau), mask_at=mask_at,
             **({"rescale": rescale} if rule == "and_mask" else {}))

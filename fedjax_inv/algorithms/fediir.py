@@ -103,18 +103,19 @@ def fediir_component(gamma: float = FEDIIR_DEFAULTS["gamma"],
     return {"g": jax.tree.map(jnp.zeros_like, params["classifier"]),
             "count": jnp.zeros((), jnp.int32)}
 
-  def pre_message(model, kind, params, batch, ctx, key):
+  def pre_message(model, kind, params, batch):
     z = model.features(params, batch.x)
     return classifier_risk_grad(model, kind, params, z, batch.y, batch.w)
 
-  def pre_update(state, g_bar, ctx):
+  def pre_update(state, aggregate):  # aggregate: ḡ, the mean classifier gradient
+    g_bar = aggregate
     blended = jax.tree.map(lambda g, b: ema * g + (1.0 - ema) * b, state["g"], g_bar)
     if ema_init == "first":
       first = state["count"] == 0
       blended = jax.tree.map(lambda m, b: jnp.where(first, b, m), blended, g_bar)
     return {"g": blended, "count": state["count"] + 1}
 
-  def loss(model, kind, params, batch, fwd, ctx, key):
+  def loss(model, kind, params, batch, ctx, fwd):
     g = classifier_risk_grad(model, kind, params, fwd.z, batch.y, batch.w)
     return gradient_alignment(g, ctx.extras["fediir"]["g"], hparam(ctx, "gamma", gamma))
 

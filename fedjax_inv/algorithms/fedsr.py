@@ -66,13 +66,13 @@ def fedsr_component(alpha_l2r: float = 1e-2, alpha_cmi: float = 5e-4,
                      "KL divergence of p(z|x) (FedSR §3.3.2).")
   local = use_cmi and r_mode == "local"
 
-  def forward(model, params, x, key):
-    mu, sigma = gaussian_params(model, params, x, sigma_min)
+  def forward(model, params, batch, key):
+    mu, sigma = gaussian_params(model, params, batch.x, sigma_min)
     z = mu + sigma * jax.random.normal(key, mu.shape, mu.dtype)
     return Forward(z=z, logits=model.classify(params, z), aux=(mu, sigma))
 
-  def eval_forward(model, params, x, key):
-    mu, sigma = gaussian_params(model, params, x, sigma_min)
+  def eval_forward(model, params, batch, key):
+    mu, sigma = gaussian_params(model, params, batch.x, sigma_min)
     eps = jax.random.normal(key, (mc_samples,) + mu.shape, mu.dtype)
     return mc_predict_logits(model.classify(params, mu + sigma * eps))
 
@@ -83,7 +83,7 @@ def fedsr_component(alpha_l2r: float = 1e-2, alpha_cmi: float = 5e-4,
                          ctx.params[REFERENCE])
     return raw["mu"], jax.nn.softplus(raw["sigma_raw"]) + sigma_min
 
-  def loss(model, kind, params, batch, fwd, ctx, key):
+  def loss(kind, params, batch, ctx, fwd):
     if kind == "regression" and probabilistic:
       raise ValueError("FedSR's probabilistic head and CMI term need a classification "
                        "task ('binary' or 'multiclass'); use fedl2r with "
@@ -108,7 +108,7 @@ def fedsr_component(alpha_l2r: float = 1e-2, alpha_cmi: float = 5e-4,
     def init_client(params):
       return jax.tree.map(jnp.array, params[REFERENCE])
 
-    def update_client(model, kind, params, batch, ctx, key):  # the client's own r
+    def update_client(params, ctx):  # the client's own r
       return jax.tree.map(lambda r, p, p0: r + (p - p0), ctx.client[NAME],
                           params[REFERENCE], ctx.params[REFERENCE])
 

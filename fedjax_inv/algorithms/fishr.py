@@ -108,20 +108,20 @@ def fishr_component(fishr_lambda: float, reduction: str = "sum") -> Component:
                          "bias": jnp.zeros_like(cls["bias"])},
             "penalty": jnp.zeros((), jnp.float32)}
 
-  def pre_message(model, kind, params, batch, ctx, key):
+  def pre_message(model, kind, params, batch):
     v = client_grad_variance(model, kind, params, batch)
     sq = sum(jnp.sum(a * a) for a in jax.tree.leaves(v))
     return {"v": v, "sq": sq}
 
-  def pre_update(state, mean, ctx):
-    v_bar = mean["v"]
+  def pre_update(aggregate, ctx):  # the clients' mean variance and squared norm
+    v_bar = aggregate["v"]
     sq_bar = sum(jnp.sum(a * a) for a in jax.tree.leaves(v_bar))
-    pen = mean["sq"] - sq_bar
+    pen = aggregate["sq"] - sq_bar
     if summed:
       pen = pen * ctx.cohort
     return {"mean_var": v_bar, "penalty": pen.astype(jnp.float32)}
 
-  def message(model, kind, params, batch, ctx, key):  # at w_t = ctx.params
+  def message(model, kind, batch, ctx):  # at w_t = ctx.params
     v_bar = ctx.extras["fishr"]["mean_var"]
     v, vjp_fn = jax.vjp(lambda p: client_grad_variance(model, kind, p, batch), ctx.params)
     cot = jax.tree.map(lambda a, b: 2.0 * (a - b), v, v_bar)

@@ -86,7 +86,7 @@ def intra_geo_component(groups: int | None = None, chunk: int = 64,
   groups, group_size, chunk = _checked_settings(groups, chunk, zeros, group_size, shuffle)
   agg = aggs.geometric_mean_aggregator(zeros)
 
-  def grad_estimator(objective, params, batch, ctx, key):
+  def grad_estimator(objective, params, batch, key):
     w = batch.w.astype(jnp.float32)
     if group_size is not None:
       stats, loss_sum, wsum = _minibatch_group_stats(agg, group_size, shuffle, objective,

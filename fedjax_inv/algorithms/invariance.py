@@ -149,7 +149,7 @@ def irm_component(penalty_weight: float = INV_FEDAVG_DEFAULTS["penalty_weight"],
   def lam(ctx):
     return jnp.asarray(sched(ctx.round), jnp.float32)
 
-  def loss(model, kind, params, batch, fwd, ctx, key):
+  def loss(kind, batch, ctx, fwd):
     name = _irm_loss_name(kind)
     if per_sample:
       pen = per_sample_irm_v1(fwd.logits, batch.y, batch.w, loss=name)

@@ -26,6 +26,7 @@ client axis'), the five phases of a ``Component``'s hooks:
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from typing import Any, Callable, NamedTuple, Optional
 
 import chex
@@ -102,50 +103,134 @@ class Context:
   local_steps: Any = None
 
 
+# What each hook may read, by name: a hook declares the arguments it needs and the engine
+# passes exactly those (docs/ARCHITECTURE.md, 'An algorithm is data'). Every client-side
+# hook reads the client's view (``CLIENT_VIEW``) plus its phase's own input; every
+# server-side hook reads the component's server ``state`` and the round's ``ctx`` plus its
+# input; a forward pass reads the model, its parameters, the inputs and a key.
+CLIENT_VIEW = ("model", "kind", "params", "batch", "ctx", "key")
+FORWARD_VIEW = ("model", "params", "batch", "key")
+HOOK_ARGUMENTS = {
+    # 1. objective
+    "loss": CLIENT_VIEW + ("fwd",),
+    "loss_scale": ("ctx",),  # a divisor of the round (IRM's λ > 1 rule)
+    "forward": FORWARD_VIEW,
+    "eval_forward": FORWARD_VIEW,
+    "grad_estimator": CLIENT_VIEW + ("objective",),
+    "client_stage": ("grads", "params", "ctx"),
+    # 2. client state
+    "init_client": ("params",),
+    "update_client": CLIENT_VIEW,
+    # 3. pre-round
+    "pre_message": CLIENT_VIEW,
+    "pre_update": ("state", "aggregate", "ctx"),
+    # 4. message
+    "message": CLIENT_VIEW,
+    # 5. server stage
+    "init_server": ("params",),
+    "server_stage": ("pseudo_grad", "state", "messages", "ctx"),
+    # 6. personalization
+    "personal_params": ("state",),
+}
+
+
+def hook_reads(hook: str, fn: Callable, owner: str = "") -> tuple | None:
+  """The arguments hook function ``fn`` reads: the names of its parameters, all of them
+  in ``HOOK_ARGUMENTS[hook]`` (a parameter with a default that is not there keeps its
+  default); None when it takes ``**kwargs`` (it gets every argument of its hook).
+
+  Raises:
+    TypeError: a parameter without a default that the hook does not provide, or a
+      positional-only one (e.g. ``lambda p, ctx: ...`` for a ``loss``): the message names
+      the hook, the parameter and the names the hook provides.
+
+  Source: docs/ARCHITECTURE.md, 'An algorithm is data'."""
+  allowed = HOOK_ARGUMENTS[hook]
+  try:
+    sig = inspect.signature(fn)
+  except (TypeError, ValueError) as e:
+    raise TypeError(f"{owner}{hook}: cannot read the signature of {fn!r} ({e}); give a "
+                    f"Python function of some of {allowed}.") from None
+  names = []
+  for p in sig.parameters.values():
+    if p.kind is p.VAR_KEYWORD:
+      return None
+    if p.kind is p.VAR_POSITIONAL:
+      continue
+    if p.name in allowed and p.kind is not p.POSITIONAL_ONLY:
+      names.append(p.name)
+    elif p.default is p.empty:
+      raise TypeError(
+          f"{owner}{hook} hook {getattr(fn, '__name__', fn)!r} has a parameter "
+          f"{p.name!r} that the engine does not provide; a {hook} hook reads its "
+          f"arguments by name from {allowed} (declare the ones it needs, e.g. "
+          f"def {hook}({', '.join(allowed[:2])}): ...).")
+  return tuple(names)
+
+
+def call_hook(hook: str, fn: Callable, **arguments):
+  """``fn(**{the arguments it reads})``: how the engine calls every hook. ``arguments``
+  are all of ``HOOK_ARGUMENTS[hook]`` (what the engine has at that point of the round).
+
+  Source: docs/ARCHITECTURE.md, 'An algorithm is data'."""
+  reads = hook_reads(hook, fn)
+  return fn(**(arguments if reads is None else {k: arguments[k] for k in reads}))
+
+
 @dataclasses.dataclass(frozen=True)
 class Component:
   """One composable piece of an algorithm: optional hooks (``None`` = absent) grouped by
-  the phase of the round they run in. Every client-side hook gets the client's data as a
-  :class:`Batch` and what the client sees as a :class:`Context`; server-side hooks get
-  the component's server state and the aggregated messages.
+  the phase of the round they run in.
 
-  1. Objective (every local step of every client):
-    loss(model, kind, params, batch, fwd, ctx, key) -> scalar: added to the task loss
-      (``fwd`` is the step's :class:`Forward`).
-    loss_scale(ctx) -> scalar: the total client loss is divided by it (IRM's λ>1 rule).
-    forward(model, params, x, key) -> Forward: replaces the default forward pass (at
-      most one component per algorithm; FedSR's sampled representation).
-    eval_forward(model, params, x, key) -> logits: the prediction evaluation uses when
-      ``forward`` is stochastic (FedSR's Monte-Carlo average).
-    grad_estimator(objective, params, batch, ctx, key) -> (loss, grads): replaces how a
-      step's gradient is estimated (FedILC's intra-silo geometric mean); ``objective`` is
-      an :class:`Objective`, calling it is the default estimate.
-    client_stage: ``(grads, ctx) -> grads``, or any optax transformation: the
-      component's element of the client chain, applied to each step's gradient before
-      the client optimizer (SCAFFOLD's ``g − c_i + c``).
+  A hook reads its arguments **by name**: it declares the ones it needs and the engine
+  passes exactly those (``HOOK_ARGUMENTS``; a name it does not provide is a
+  ``TypeError`` when the component is built). Every client-side hook may read the
+  client's view: ``model`` (the task's ``FunctionalModel``), ``kind`` ('binary' |
+  'multiclass' | 'regression'), ``params`` (the parameters the hook is about), ``batch``
+  (the client's data, a :class:`Batch`), ``ctx`` (what the client sees, a
+  :class:`Context`) and ``key`` (a PRNG key of its own), plus its phase's input; every
+  server-side hook may read the component's server ``state`` and the round's ``ctx`` plus
+  its input. ``call(hook, **arguments)`` calls one the engine's way (tests use it).
+
+  1. Objective (every local step of every client; ``params`` the local model):
+    loss(client view, fwd) -> scalar: added to the task loss (``fwd`` is the step's
+      :class:`Forward`).
+    loss_scale(ctx) -> scalar: the total client loss is divided by it, one value per
+      round (IRM's λ>1 rule).
+    forward(model, params, batch, key) -> Forward: replaces the default forward pass (at
+      most one component per algorithm; FedSR's sampled representation). At evaluation
+      ``batch`` holds the inputs only (``y`` and ``w`` None).
+    eval_forward(model, params, batch, key) -> logits: the prediction evaluation uses
+      when ``forward`` is stochastic (FedSR's Monte-Carlo average).
+    grad_estimator(client view, objective) -> (loss, grads): replaces how a step's
+      gradient is estimated (FedILC's intra-silo geometric mean); ``objective`` is an
+      :class:`Objective`, calling it is the default estimate.
+    client_stage: a function of ``(grads, params, ctx) -> grads``, or any optax
+      transformation: the component's element of the client chain, applied to each
+      step's gradient before the client optimizer (SCAFFOLD's ``g − c_i + c``).
   2. Client state (kept per pool client across rounds):
     init_client(params) -> state: stacked ``[N, ...]`` by the engine, the sampled
       clients' rows gathered and scattered back; a client reads ``ctx.client[name]``.
-    update_client(model, kind, params, batch, ctx, key) -> state: the client's new state
-      after local training (``params`` the trained local model, ``ctx.params`` the global
-      one); absent: the state is kept as it is.
+    update_client(client view) -> state: the client's new state after local training
+      (``params`` the trained local model, ``ctx.params`` the global one); absent: the
+      state is kept as it is.
   3. Pre-round (messages at the global model, before local training):
-    pre_message(model, kind, params, batch, ctx, key) -> message (``params`` = ``w_t``);
+    pre_message(client view) -> message (``params`` = ``w_t``);
     pre_aggregator: its Aggregator (default: weighted mean by client weight);
     pre_update(state, aggregate, ctx) -> state: the component's new server state, which
       the clients of this round's local training then read.
   4. Message (after local training):
-    message(model, kind, params, batch, ctx, key) -> message (``params`` the trained
-      local model, ``ctx.params`` the global one);
+    message(client view) -> message (``params`` the trained local model, ``ctx.params``
+      the global one);
     aggregator: its Aggregator (default: weighted mean by client weight).
   5. Server stage (once per round, before the server optimizer, in component order):
     init_server(params) -> state: the component's server state, its only home; clients
       read it as ``ctx.extras[name]``.
-    server_stage: ``(pseudo_grad, state, messages, ctx) -> (pseudo_grad, state)`` with
-      ``state`` the component's server state and ``messages`` ``{component: aggregated
-      message}`` (SCAFFOLD's control update, Fishr's ``+ λ∇L_Fishr``); or, for a stage
-      that needs no messages and no shared state, any optax transformation (its state is
-      its own, in the server's optimizer state; FedSR's zeroed reference update).
+    server_stage: a function of ``(pseudo_grad, state, messages, ctx) -> (pseudo_grad,
+      state)`` with ``messages`` ``{component: aggregated message}`` (SCAFFOLD's control
+      update, Fishr's ``+ λ∇L_Fishr``); or, for a stage that needs no messages and no
+      shared state, any optax transformation (its state is its own, in the server's
+      optimizer state; FedSR's zeroed reference update).
   6. Personalization (evaluation only):
     personal_params(state) -> params: the client's own model, read from its client state
       (one client's, no pool axis): Ditto's personal parameters ``v_k``. The run then
@@ -165,6 +250,10 @@ class Component:
   refuses a model without the split (``FunctionalModel.has_split``) in
   :meth:`Algorithm.model_for`, before anything compiles; every other algorithm trains
   any NNX module with a ``__call__``.
+
+  Raises:
+    TypeError: a hook that reads an argument its hook does not provide
+      (:func:`hook_reads`).
 
   Source: docs/ARCHITECTURE.md, 'An algorithm is data'; docs/ALGORITHMS.md, 'Writing an
   algorithm'.
@@ -195,14 +284,36 @@ class Component:
   traced: tuple = ()
   needs_split: bool = False
 
+  def __post_init__(self):
+    for hook in HOOK_ARGUMENTS:
+      fn = getattr(self, hook)
+      if fn is not None and callable(fn) and not is_optax(fn):
+        hook_reads(hook, fn, owner=f"component {self.name!r}: ")
+
+  def call(self, hook: str, **arguments):
+    """Calls hook ``hook`` (a name of ``HOOK_ARGUMENTS``) the engine's way: with the
+    arguments it reads out of ``arguments`` (which must hold every one it reads).
+
+    Raises:
+      ValueError: ``hook`` is not a hook name, or the component has no such hook.
+      KeyError: ``arguments`` lacks one the hook reads."""
+    if hook not in HOOK_ARGUMENTS:
+      raise ValueError(f"{hook!r} is not a hook; the hooks are {tuple(HOOK_ARGUMENTS)}.")
+    fn = getattr(self, hook)
+    if fn is None or is_optax(fn):
+      raise ValueError(f"component {self.name!r} has no {hook} function.")
+    return call_hook(hook, fn, **arguments)
+
 
 def client_stage(update: Callable) -> optax.GradientTransformationExtraArgs:
-  """A stateless client stage ``update(grads, ctx) -> grads`` as an optax transformation
-  (what the engine does with a function given as ``Component.client_stage``).
+  """A stateless client stage function as an optax transformation (what the engine does
+  with a function given as ``Component.client_stage``).
 
   Args:
-    update: ``update(grads, ctx) -> grads``; ``grads`` is one local step's gradient of
-      one client (shaped like the parameters), ``ctx`` the client's ``Context``.
+    update: ``update(grads, params, ctx) -> grads``, reading those of its arguments it
+      names (:func:`hook_reads`); ``grads`` is one local step's gradient of one client
+      (shaped like the parameters), ``params`` the client's local model, ``ctx`` the
+      client's ``Context``.
 
   Returns:
     ``optax.GradientTransformationExtraArgs``; calling its ``update`` without the ``ctx``
@@ -211,11 +322,13 @@ def client_stage(update: Callable) -> optax.GradientTransformationExtraArgs:
   Source: a client optimizer chain (optax); SCAFFOLD (Karimireddy et al. 2020) Alg. 1
   line 10 is the example.
   """
+  hook_reads("client_stage", update)
+
   def update_fn(updates, state, params=None, *, ctx=None, **_):
     if ctx is None:
       raise TypeError("a component's client stage needs the keyword ctx= (the client's "
                       "Context); the engine's client_chain passes it.")
-    return update(updates, ctx), state
+    return call_hook("client_stage", update, grads=updates, params=params, ctx=ctx), state
 
   return optax.GradientTransformationExtraArgs(lambda params: optax.EmptyState(), update_fn)
 

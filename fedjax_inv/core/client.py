@@ -51,11 +51,12 @@ def eval_logits_fn(model, algorithm: Algorithm | None = None) -> Callable:
                  if c.eval_forward is not None or c.forward is not None), None)
 
   def logits(params, x, key):
-    if comp is not None and comp.eval_forward is not None:
-      return comp.eval_forward(model, params, x, key)
-    if comp is not None:
-      return comp.forward(model, params, x, key).logits
-    return model.apply(params, x)
+    if comp is None:
+      return model.apply(params, x)
+    inputs = Batch(x=x, y=None, w=None)  # evaluation's forward pass sees the inputs only
+    if comp.eval_forward is not None:
+      return comp.call("eval_forward", model=model, params=params, batch=inputs, key=key)
+    return comp.call("forward", model=model, params=params, batch=inputs, key=key).logits
 
   return logits
 
@@ -70,14 +71,15 @@ def make_objective(model, kind: str, algorithm: Algorithm) -> Callable:
   def objective(params, batch: Batch, ctx: Context, key):
     keys = jax.random.split(key, len(terms) + 1)
     if fwd_comp is not None:
-      fwd = fwd_comp.forward(model, params, batch.x, keys[0])
+      fwd = fwd_comp.call("forward", model=model, params=params, batch=batch, key=keys[0])
     else:
       fwd = default_forward(model, params, batch.x, keys[0])
     loss = losses.mean_loss(kind, fwd.logits, batch.y, batch.w)
     for c, k in zip(terms, keys[1:]):
-      loss = loss + c.loss(model, kind, params, batch, fwd, ctx, k)
+      loss = loss + c.call("loss", model=model, kind=kind, params=params, batch=batch,
+                           ctx=ctx, key=k, fwd=fwd)
     for c in scales:
-      loss = loss / c.loss_scale(ctx)
+      loss = loss / c.call("loss_scale", ctx=ctx)
     return loss
 
   return objective
@@ -97,7 +99,9 @@ def step_gradient(model, kind: str, algorithm: Algorithm, ctx: Context) -> Calla
     return value_and_grad
   # What a gradient estimator sees: the default estimate and the task's structure.
   described = Objective(value_and_grad, model, kind, algorithm.task_only)
-  return lambda params, batch, k: est.grad_estimator(described, params, batch, ctx, k)
+  return lambda params, batch, k: est.call(
+      "grad_estimator", model=model, kind=kind, params=params, batch=batch, ctx=ctx, key=k,
+      objective=described)
 
 
 def client_steps(algorithm: Algorithm, n) -> jax.Array | None:
@@ -258,8 +262,7 @@ def client_outputs(model, kind: str, component, params, batch: Batch, ctx: Conte
   """One component's work on one client after its local training: ``(message or None,
   new client state or None)`` from its ``message`` and ``update_client`` hooks
   (``params`` the trained local model, ``batch`` the client's whole data)."""
-  msg = None if component.message is None else component.message(
-      model, kind, params, batch, ctx, key)
-  new = None if component.update_client is None else component.update_client(
-      model, kind, params, batch, ctx, key)
+  view = dict(model=model, kind=kind, params=params, batch=batch, ctx=ctx, key=key)
+  msg = None if component.message is None else component.call("message", **view)
+  new = None if component.update_client is None else component.call("update_client", **view)
   return msg, new

@@ -444,7 +444,8 @@ def server_side(stage_comps, server_opt, server, extras, pseudo_grad, messages, 
       pseudo_grad, opt_state[c.name] = c.server_stage.update(
           pseudo_grad, opt_state[c.name], server.params)
     else:
-      pseudo_grad, state = c.server_stage(pseudo_grad, extras.get(c.name), messages, ctx)
+      pseudo_grad, state = c.call("server_stage", pseudo_grad=pseudo_grad, messages=messages,
+                                  state=extras.get(c.name), ctx=ctx)
       if c.init_server is not None:  # a stage without server state keeps none
         extras[c.name] = state
   updates, opt_state["server_optimizer"] = server_opt.update(
@@ -598,15 +599,16 @@ def round_parts(model, kind: str, algorithm: Algorithm, num_clients: int,
     r = data_row(inp)
     batch = full_batch(data.x[r], data.y[r], n)
     w = weight_of(n, i)
-    return {c.name: lifted(c.pre_aggregator or mean_agg, c.pre_message(
-        model, kind, server.params, batch, ctx, jax.random.fold_in(k, 1)), w, i)
-        for c in pre_comps}
+    return {c.name: lifted(c.pre_aggregator or mean_agg, c.call(
+        "pre_message", model=model, kind=kind, params=server.params, batch=batch, ctx=ctx,
+        key=jax.random.fold_in(k, 1)), w, i) for c in pre_comps}
 
   def pre_finish(server, pre_sums):
     extras = dict(server.extras)
     for c in pre_comps:  # each pre_update sees the states updated before it
       agg = (c.pre_aggregator or mean_agg).finalize(pre_sums[c.name])
-      extras[c.name] = c.pre_update(extras.get(c.name), agg, ctx_of(server, extras))
+      extras[c.name] = c.call("pre_update", aggregate=agg, state=extras.get(c.name),
+                              ctx=ctx_of(server, extras))
     return extras
 
   def client(server, extras, data, inp):

@@ -103,7 +103,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_inv.core import client as client_lib
-from fedjax_inv.core.aggregator import main_aggregator
+from fedjax_inv.core.aggregator import main_aggregator, reads_context
 from fedjax_inv.core import state as state_lib
 from fedjax_inv.core import strategy as strategy_lib
 from fedjax_inv.core.algorithm import CLIENT_OPT_STATE, Batch, Context
@@ -340,7 +340,8 @@ def client_peak_bytes(model, algorithm, n_max: int,
       messages=tuple(peak(lambda p, d, cx, k, c=c: client_lib.client_outputs(
           trained, _KIND, c, p, d, cx, k), params, data, ctx, rng)
           for c in comps if c.message is not None or c.update_client is not None),
-      pre=tuple(peak(lambda p, d, cx, k, c=c: c.pre_message(trained, _KIND, p, d, cx, k),
+      pre=tuple(peak(lambda p, d, cx, k, c=c: c.call(
+          "pre_message", model=trained, kind=_KIND, params=p, batch=d, ctx=cx, key=k),
                      params, data, ctx, rng) for c in comps if c.pre_message is not None))
   if len(_PEAKS) >= 64:
     _PEAKS.pop(next(iter(_PEAKS)))
@@ -359,12 +360,18 @@ def round_memory(model, algorithm, cohort: int, n_max: int, feature_shape: Seque
   p = _tree_bytes(params)
   one = jnp.ones((), jnp.float32)
   opt = _tree_bytes(jax.eval_shape(algorithm.client_chain().init, params))
-  stats = _tree_bytes(jax.eval_shape(lambda q: algorithm.aggregator.lift(q, one), params))
-  cstate = sum(_tree_bytes(jax.eval_shape(c.init_client, params))
+  agg = algorithm.aggregator
+  if reads_context(agg):  # e.g. DP's adaptive clip norm, read from the client's context
+    ctx = client_view(algorithm, params)
+    stats = _tree_bytes(jax.eval_shape(lambda q, cx: agg.lift(q, one, ctx=cx), params, ctx))
+  else:
+    stats = _tree_bytes(jax.eval_shape(lambda q: agg.lift(q, one), params))
+  cstate = sum(_tree_bytes(jax.eval_shape(lambda q, c=c: c.call("init_client", params=q),
+                                          params))
                for c in algorithm.components if c.init_client is not None)
   if algorithm.client_optimizer_state == "persistent":  # gathered and scattered back too
     cstate += opt
-  extras = sum(_tree_bytes(jax.eval_shape(c.init_server, params))
+  extras = sum(_tree_bytes(jax.eval_shape(lambda q, c=c: c.call("init_server", params=q), params))
                for c in algorithm.components if c.init_server is not None)
   n_msgs = len(peaks.messages) + len(peaks.pre)
   server = p + _tree_bytes(jax.eval_shape(algorithm.server_optimizer_state, params)) + extras

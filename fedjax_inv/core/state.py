@@ -38,7 +38,7 @@ def init_state(algorithm: Algorithm, params: PyTree, num_clients: int):
   ``client_states``, it is carried by every execution strategy, replica batch and
   checkpoint like the components' state.
   """
-  extras = {c.name: c.init_server(params) for c in algorithm.components
+  extras = {c.name: c.call("init_server", params=params) for c in algorithm.components
             if c.init_server is not None}
   opt_state = algorithm.server_optimizer_state(params)
   server = ServerState(params=params, opt_state=opt_state,
@@ -46,7 +46,7 @@ def init_state(algorithm: Algorithm, params: PyTree, num_clients: int):
   client_states = {}
   for c in algorithm.components:
     if c.init_client is not None:
-      one = c.init_client(params)
+      one = c.call("init_client", params=params)
       client_states[c.name] = jax.tree.map(
           lambda a: jnp.broadcast_to(a, (num_clients,) + jnp.shape(a)).copy(), one)
   if algorithm.client_optimizer_state == "persistent":

@@ -181,14 +181,15 @@ def dp_component(clip: float, noise_multiplier: float, expected_cohort: float,
         t + std * jax.random.normal(k, t.shape, t.dtype) for t, k in zip(leaves, keys)])
 
   if adaptive is None:
-    return Component(NAME, server_stage=lambda mean, state, messages, ctx: (
-        noisy(mean, state, ctx.key, float(clip)), state))
+    return Component(NAME, server_stage=lambda pseudo_grad, state, ctx: (
+        noisy(pseudo_grad, state, ctx.key, float(clip)), state))
 
-  def unclipped(model, kind, params, batch, ctx, key):  # b_k
+  def unclipped(params, ctx):  # b_k
     delta = jax.tree.map(jnp.subtract, ctx.params, params)
     return (optax.tree.norm(delta) <= ctx.extras[NAME]["clip"]).astype(jnp.float32)
 
-  def update(mean, state, messages, ctx):
+  def update(pseudo_grad, state, messages, ctx):  # the pseudo-gradient: the clipped mean
+    mean = pseudo_grad
     bound = state["clip"]
     count = messages[NAME]
     if adaptive["count_stddev"] > 0 and sigma > 0:

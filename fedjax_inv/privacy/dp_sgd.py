@@ -120,12 +120,11 @@ def dp_sgd_component(clip: float, noise_multiplier: float,
       (the divisor is then its number of real rows, ``Σ w``).
 
   Returns:
-    the component; its ``grad_estimator(objective, params, batch, ctx, key)`` returns the
+    the component; its ``grad_estimator(objective, params, batch, key)`` returns the
     mean per-example loss of the step (a statistic, not privatized) and
     :func:`clip_and_noise` of the step's per-example gradients (``batch.x: [B, ...]``).
   """
-  def estimate(objective, params, batch, ctx, key):
-    del ctx
+  def estimate(objective, params, batch, key):
     k_loss, k_noise = jax.random.split(key)
 
     def one(x, y):  # one example: the task loss on a batch of one

@@ -144,7 +144,7 @@ def personal_metrics(evaluate, component, states, task) -> dict:
     accuracy averaged over devices; Li et al. 2021), beside ``val_mean_client_accuracy`` of
     the global model on the same rows.
   """
-  own = jax.vmap(component.personal_params)(states)
+  own = jax.vmap(lambda s: component.call("personal_params", state=s))(states)
   n = task.train.num_clients
   sets = {} if getattr(task, "train_eval", None) is not None else {"train": task.train}
   sets.update({k: d for k, d in task.eval_sets.items()

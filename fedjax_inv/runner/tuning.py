@@ -150,7 +150,8 @@ def _run_one(path: pathlib.Path, key: dict, task, algorithm: str, settings: dict
   from fedjax_inv.runner import spec
   cfg = {"task": task.name, "algorithm": algorithm, "rounds": run_kw["rounds"],
          "eval_every": run_kw.get("eval_every"),
-         "clients_per_round": run_kw.get("clients_per_round")}
+         "clients_per_round": run_kw.get("clients_per_round"),
+         "execution": run_kw.get("execution")}
   return spec.run_record(path, key, {k: v for k, v in cfg.items() if v is not None},
                          key["seed"], task=task, overrides=settings, label=label)
 
@@ -160,7 +161,8 @@ def tune_row(out, *, task: str, algorithms, rounds: int, protocol: Protocol,
              task_kwargs: Optional[dict] = None, eval_every: Optional[int] = None,
              clients_per_round: Optional[int] = None, paper: Optional[dict] = None,
              notes: str = "", report_start: bool = True,
-             extra_space: Optional[dict] = None, stream=None) -> dict:
+             extra_space: Optional[dict] = None, execution: str = "auto",
+             stream=None) -> dict:
   """Tunes every algorithm of one comparison under ``protocol`` and runs the selected
   points on the report seeds; writes the row folder ``out`` (module docstring).
 
@@ -184,6 +186,9 @@ def tune_row(out, *, task: str, algorithms, rounds: int, protocol: Protocol,
     notes: free text stored in ``protocol.json``.
     extra_space: ``{label: {name: Range}}`` added to one column's space (FedGMA on
       FedProx also searches FedProx's μ).
+    execution: the execution strategy of every run (``fedjax-inv run --execution``;
+      default 'auto', the one measured fastest): pin one (e.g. 'scan') so that a re-run
+      computes with the same arithmetic whatever the machine measures.
     report_start: also run the first trial (the starting values: the paper's settings, tuned by
       nobody here) on the report seeds when another trial was selected, so a table can
       show both (``runs/<algorithm>/report-starting-seed<s>.json``).
@@ -198,6 +203,8 @@ def tune_row(out, *, task: str, algorithms, rounds: int, protocol: Protocol,
   """
   stream = stream or sys.stdout
   protocol.check()
+  from fedjax_inv.runner import config
+  config.check_run_config({"execution": execution})
   names = _column_names(algorithms)
   algos = list(names)
   task_kwargs = dict(task_kwargs or {})
@@ -209,14 +216,15 @@ def tune_row(out, *, task: str, algorithms, rounds: int, protocol: Protocol,
       "task": task, "task_kwargs": task_kwargs, "algorithms": algos,
       "registry_names": names, "rounds": rounds,
       "eval_every": eval_every, "clients_per_round": clients_per_round,
-      "protocol": protocol.describe(), "kind": kind,
+      "execution": execution, "protocol": protocol.describe(), "kind": kind,
       "selection": f"{sense} {sel_key} at the final round, mean over the tuning seeds "
                    "(held-out split of the training clients; never the OOD/test sets)",
       "base": {a: _pick(base, a) for a in algos},
       "fixed": {a: _pick(fixed, a) for a in algos},
       "points": points, "spaces": spaces, "paper": paper or {}, "notes": notes})
   row = _Row(out, rounds, dict(rounds=rounds, eval_every=eval_every,
-                               clients_per_round=clients_per_round, progress=False),
+                               clients_per_round=clients_per_round, execution=execution,
+                               progress=False),
              task, task_kwargs, protocol.val_fraction, {protocol.tuning_seeds[0]: first},
              kind, stream)
   _run_columns(row, names, points, base, fixed, protocol, report_start)
