@@ -311,14 +311,16 @@ def claims() -> list:
   cpu150 = "CPU, 2,000 sample images, 150 rounds, CNN 16-32"
   out.append(_claim("mnist", "fedgma", "fedavg", r150, cpu150))
   out.append(_claim("mnist", "fedgma_fedprox", "fedprox", prox, cpu150))
-  # FedAvg and FedProx come from two commands with the same data, model, schedule, seeds.
+  # FedAvg and FedProx: the same spec group (data, model, schedule, seeds); the former
+  # script wrote them by two commands into two files.
   c = _claim("mnist", "fedprox", "fedavg", r150, cpu150)
+  where = (f"FedAvg and FedProx from `{r150['raw']}`" if r150["raw"] == prox["raw"] else
+           _raw("FedAvg from `results_cpu_r150`, FedProx from `results_cpu_r150_prox`",
+                r150, prox, fmt="FedAvg from {}, FedProx from {}"))
   out.append(dataclasses.replace(
       c, ours=seeds_of(prox, "fedprox"),
-      note="; ".join(filter(None, [
-          _raw("FedAvg from `results_cpu_r150`, FedProx from `results_cpu_r150_prox`",
-               r150, prox, fmt="FedAvg from {}, FedProx from {}") + ": same settings and "
-          "seeds", data_caveat(r150, prox)]))))
+      note="; ".join(filter(None, [where + ": same settings and seeds",
+                                   data_caveat(r150, prox)]))))
   out.append(_claim("mnist", "fedgma", "fedavg", r30,
                     "CPU, 2,000 sample images, 30 rounds, CNN 16-32", " of 30"))
   out.append(_claim("fed_cmnist", "fedgma", "fedavg", cm,
