@@ -90,7 +90,7 @@ def test_stage_errors_name_the_fix(tiny_binary):
   with pytest.raises(ValueError, match="names the server optimizer"):
     base.with_component(Component("server_optimizer"))
   with pytest.raises(ValueError, match="has no init_server"):
-    base.with_component(Component("p", pre_message=lambda *a: 0.0,
+    base.with_component(Component("p", pre_message=lambda **_: 0.0,
                                   pre_update=lambda state, aggregate: state))
 
 
@@ -120,6 +120,8 @@ def test_a_hook_reads_the_arguments_it_names():
     Component("bad", loss=lambda w, ctx: 0.0)
   with pytest.raises(TypeError, match="parameter 'p'"):
     Component("bad", init_server=lambda p: p)
+  with pytest.raises(TypeError, match=r"takes \*args, but hooks get their arguments by name"):
+    Component("bad", message=lambda *args: args[0])
   with pytest.raises(ValueError, match="'losses' is not a hook"):
     comp.call("losses")
   with pytest.raises(ValueError, match="has no forward function"):

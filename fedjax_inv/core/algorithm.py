@@ -141,8 +141,9 @@ def hook_reads(hook: str, fn: Callable, owner: str = "") -> tuple | None:
 
   Raises:
     TypeError: a parameter without a default that the hook does not provide, or a
-      positional-only one (e.g. ``lambda p, ctx: ...`` for a ``loss``): the message names
-      the hook, the parameter and the names the hook provides.
+      positional-only one (e.g. ``lambda p, ctx: ...`` for a ``loss``), or ``*args``
+      (nothing is passed by position): the message names the hook, the parameter and the
+      names the hook provides.
 
   Source: docs/ARCHITECTURE.md, 'An algorithm is data'."""
   allowed = HOOK_ARGUMENTS[hook]
@@ -156,7 +157,10 @@ def hook_reads(hook: str, fn: Callable, owner: str = "") -> tuple | None:
     if p.kind is p.VAR_KEYWORD:
       return None
     if p.kind is p.VAR_POSITIONAL:
-      continue
+      raise TypeError(
+          f"{owner}{hook} hook {getattr(fn, '__name__', fn)!r} takes *{p.name}, but hooks "
+          f"get their arguments by name, never by position; name the ones it reads out of "
+          f"{allowed}, or take **kwargs.")
     if p.name in allowed and p.kind is not p.POSITIONAL_ONLY:
       names.append(p.name)
     elif p.default is p.empty:
