@@ -160,6 +160,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
   p.add_argument("--host-devices", type=int, default=None,
                  help="CPU only: split the host into N XLA devices (sets XLA_FLAGS before "
                       "JAX starts) so the 'sharded' row runs")
+  p.add_argument("--precision", default="highest", choices=("highest", "tf32", "bf16"),
+                 help="arithmetic of float32 matrix products and convolutions, as for "
+                      "`fedjax-inv run --precision`: highest (float32 on every device, "
+                      "the default), tf32 (TensorFloat-32 on NVIDIA GPUs), bf16; recorded "
+                      "in the JSON's meta")
   p.add_argument("--no-matmul-peak", action="store_true",
                  help="skip measuring the f32 matmul peak (no %%peak column)")
   p.set_defaults(func=cmd_bench)
@@ -343,11 +348,14 @@ def cmd_bench(args) -> int:
   from fedjax_inv.algorithms import registry
   t_start = time.perf_counter()
   log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
-  meta, peak = _meta(args, cfg, log)
-  known = registry()
-  if args.replicas or args.fused:
-    return _bench_runs(args, cfg, plan, meta, t_start, log)
-  rows, notes = _bench_plan(args, cfg, plan, meta, peak, known, log)
+  from fedjax_inv.runner.simulation import matmul_precision
+  with matmul_precision(args.precision):  # every program below is traced under it
+    meta, peak = _meta(args, cfg, log)
+    meta["precision"] = args.precision
+    known = registry()
+    if args.replicas or args.fused:
+      return _bench_runs(args, cfg, plan, meta, t_start, log)
+    rows, notes = _bench_plan(args, cfg, plan, meta, peak, known, log)
   if args.peers:
     rows, pnotes = run_all_peers(rows, args.peers_python, args.pfl_python, cfg["warmup"],
                                  cfg["rounds"], log=log, flower_python=args.flower_python)

@@ -84,12 +84,16 @@ def test_rule_never_reads_the_cache_and_a_broken_cache_is_ignored(tiny_binary, o
                                                                   monkeypatch):
   task = _task(tiny_binary)
   alg = make_algorithm("fedavg", **ALG)
-  key = auto_strategy.round_key(task, task.model, alg, 5, 1)
+  with simulation.matmul_precision("highest"):  # a run's key holds its precision
+    key = auto_strategy.round_key(task, task.model, alg, 5, 1)
   auto_strategy.store(key, "vmap", {"vmap": 0.001, "scan": 0.002})
   res = simulation.run(task, alg, rounds=2, execution="rule", **KW)
   assert res.probe["by"] == "rule" and res.strategy == "scan"
   res = simulation.run(task, alg, rounds=2, **KW)  # 'auto': the cached (fake) choice
   assert res.probe["by"] == "cache" and res.strategy == "vmap"
+  # another precision is another key: a miss (a short run then takes the fixed rule)
+  res = simulation.run(task, alg, rounds=2, precision="tf32", **KW)
+  assert res.probe["by"] == "rule" and res.strategy == "scan"
   own_cache.write_text("{not json")
   monkeypatch.setattr(auto_strategy, "measure", _no_measuring)
   res = simulation.run(task, alg, rounds=2, **KW)

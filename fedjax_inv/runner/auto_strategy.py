@@ -78,7 +78,10 @@ def round_key(task, model, algorithm, cohort: int, num_devices: int) -> dict:
           "model": hashlib.sha1(repr(shapes).encode()).hexdigest()[:16],
           "platform": dev.platform, "device_kind": dev.device_kind,
           "num_devices": int(num_devices), "jax": jax.__version__,
-          "jaxlib": jaxlib.__version__}
+          "jaxlib": jaxlib.__version__,
+          # the run's matmul precision (simulation.matmul_precision): TF32 or bfloat16
+          # products change a GPU's speed
+          "matmul_precision": str(jax.config.jax_default_matmul_precision)}
 
 
 def _digest(key: dict) -> str:

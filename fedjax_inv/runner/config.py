@@ -21,6 +21,12 @@ DEFAULT_ALGORITHM = "fedavg"
 # How runs that can share one compiled program run (--replicas, run_lodo, run_sweep): one
 # set of modes, one default.
 REPLICA_MODES = ("auto", "batched", "sequential")
+# --precision NAME: the arithmetic of float32 matrix products and convolutions, as the value
+# of jax.default_matmul_precision. 'highest': float32 on every device (the default, so that
+# a result does not depend on the card); 'tf32': TensorFloat-32 on NVIDIA GPUs that have it
+# (JAX's own default there); 'bf16': bfloat16 products with float32 sums. A CPU computes
+# float32 under all three.
+PRECISIONS = {"highest": "highest", "tf32": "tensorfloat32", "bf16": "bfloat16"}
 DEFAULT_REPLICAS = "auto"
 
 # config key -> (type, help); every help states the default. A {token} in a help
@@ -68,6 +74,11 @@ RUN_KEYS = {
     "rounds_per_call": (int, "fused rounds: run up to N rounds in one device call (>= 1; "
                              "evaluation, checkpoints and progress at call boundaries); "
                              "default 1"),
+    "precision": (str, "arithmetic of float32 matrix products and convolutions: highest "
+                       "(float32 on every device, so results do not depend on the card) | "
+                       "tf32 (TensorFloat-32 on NVIDIA GPUs that have it) | bf16 "
+                       "(bfloat16 products, float32 sums); a CPU computes float32 under "
+                       "all three; recorded in summary.json; default highest"),
     "pool": (str, "where the training pool lives: device (the whole padded pool on the "
                   "device) | host (packed on the host, each round's cohort sent to the "
                   "device while the previous round runs) | auto (device when the padded "
@@ -187,6 +198,7 @@ _CHECKS = {
     "devices": ("devices", None), "log": ("loggers", None),
     "replicas": ("choice", REPLICA_MODES),
     "pool": ("choice", ("auto", "device", "host")),
+    "precision": ("choice", tuple(PRECISIONS)),
     "source": ("choice", ("auto", "raw", "tfds", "bundled", "synthetic", "hf")),
     "reporting": ("choice", ("auto", "none")),
     "validation": ("choice", ("mean", "pooled")),

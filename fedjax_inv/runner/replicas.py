@@ -70,7 +70,8 @@ def run_replicas(task, algorithm, *, seeds, rounds: int,
                  progress: bool = True, shard: bool = True, callback=None,
                  reporting="auto", rounds_per_call: int = 1, hparams=None,
                  tasks=None, checkpoint_dir=None, checkpoint_every: int | None = None,
-                 label: str | None = None, load_seconds: float | None = None) -> list:
+                 label: str | None = None, load_seconds: float | None = None,
+                 precision: str = "highest") -> list:
   """Runs ``algorithm`` on ``task`` once per seed, all seeds batched in one program.
 
   Args:
@@ -98,6 +99,7 @@ def run_replicas(task, algorithm, *, seeds, rounds: int,
       ignored and may be None). Seeds may repeat across tasks.
     checkpoint_dir, checkpoint_every: as :func:`fedjax_inv.runner.simulation.run`, for the whole
       batch (one checkpoint holds every replica; resuming needs the same replicas).
+    precision: as :func:`fedjax_inv.runner.simulation.run` ('highest' by default).
 
   Returns:
     a list with one item per seed, in order: a ``RunResult`` (its ``seconds`` is the
@@ -110,46 +112,51 @@ def run_replicas(task, algorithm, *, seeds, rounds: int,
       length than ``seeds``, names that differ between replicas or that nothing reads,
       and everything :func:`simulation.run` refuses — before compiling.
   """
-  from fedjax_inv.runner import progress as progress_lib
-  started = progress_lib.clock()
-  seeds = [int(s) for s in seeds]
-  # a batch of replicas trains on the device pool (a packed pool is padded there)
-  task = simulation.resolve_pool(task, "device")[0]
-  if tasks is not None:
-    tasks = [simulation.resolve_pool(t, "device")[0] for t in tasks]
-    if len(tasks) != len(seeds):
-      raise ValueError(f"tasks has {len(tasks)} entries for {len(seeds)} seeds; give one "
-                       "task per replica.")
-    check_same_shapes(tasks)
-    task = tasks[0]
-  # a replica is (seed, task): the same task object twice with one seed is a repeat
-  distinct = [(s, id(t)) for s, t in zip(seeds, tasks or [None] * len(seeds))]
-  if hparams is not None:
-    _check_hparams(algorithm, seeds, hparams)
-    keys_ = [(s, tuple(sorted(h.items())), t) for (s, t), h in zip(distinct, hparams)]
-    if len(set(keys_)) != len(keys_):
-      raise ValueError(f"replicas {[k[:2] for k in keys_]}: a (seed, hyperparameters) "
-                       "pair is repeated (on the same task).")
-  elif not seeds or len(set(distinct)) != len(distinct):
-    raise ValueError(f"seeds={seeds}; give one or more distinct integer seeds (per task).")
-  simulation.check_checkpoint_every(checkpoint_every)
-  p = simulation.prepare(task, algorithm, rounds, clients_per_round, execution,
-                         chunk_size, eval_every, shard, reporting, rounds_per_call,
-                         measure=False)  # one batched program: the fixed rule
-  vround = batched_round(p.round_fn, per_replica_data=tasks is not None)
-  data = task.train if tasks is None else _stack([t.train for t in tasks])
-  server, cstates, keys = stacked_state(algorithm, p.model, p.num_clients, seeds, hparams)
-  key = (lambda i: i) if hparams is not None or tasks is not None else seeds.__getitem__
-  return simulation.train_loop(
-      p, vround, data, server, cstates, keys, tasks=tasks or [task] * len(seeds),
-      algorithm=algorithm, batched=True, progress=progress,
-      desc=f"{algorithm.name} on {task.name} ×{len(seeds)} seeds",
-      callback=None if callback is None else lambda i, e: callback(key(i), e),
-      checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
-      label=label or (f"{algorithm.name} seeds {','.join(map(str, seeds))}"
-                      if hparams is None and tasks is None
-                      else f"{algorithm.name} ×{len(seeds)} replicas"),
-      load_seconds=load_seconds, started=started)
+  with simulation.matmul_precision(precision):
+    from fedjax_inv.runner import progress as progress_lib
+    started = progress_lib.clock()
+    seeds = [int(s) for s in seeds]
+    # a batch of replicas trains on the device pool (a packed pool is padded there)
+    task = simulation.resolve_pool(task, "device")[0]
+    if tasks is not None:
+      tasks = [simulation.resolve_pool(t, "device")[0] for t in tasks]
+      if len(tasks) != len(seeds):
+        raise ValueError(f"tasks has {len(tasks)} entries for {len(seeds)} seeds; give one "
+                         "task per replica.")
+      check_same_shapes(tasks)
+      task = tasks[0]
+    # a replica is (seed, task): the same task object twice with one seed is a repeat
+    distinct = [(s, id(t)) for s, t in zip(seeds, tasks or [None] * len(seeds))]
+    if hparams is not None:
+      _check_hparams(algorithm, seeds, hparams)
+      keys_ = [(s, tuple(sorted(h.items())), t) for (s, t), h in zip(distinct, hparams)]
+      if len(set(keys_)) != len(keys_):
+        raise ValueError(f"replicas {[k[:2] for k in keys_]}: a (seed, hyperparameters) "
+                         "pair is repeated (on the same task).")
+    elif not seeds or len(set(distinct)) != len(distinct):
+      raise ValueError(f"seeds={seeds}; give one or more distinct integer seeds (per task).")
+    simulation.check_checkpoint_every(checkpoint_every)
+    p = simulation.prepare(task, algorithm, rounds, clients_per_round, execution,
+                           chunk_size, eval_every, shard, reporting, rounds_per_call,
+                           measure=False)  # one batched program: the fixed rule
+    vround = batched_round(p.round_fn, per_replica_data=tasks is not None)
+    data = task.train if tasks is None else _stack([t.train for t in tasks])
+    server, cstates, keys = stacked_state(algorithm, p.model, p.num_clients, seeds, hparams)
+    key = (lambda i: i) if hparams is not None or tasks is not None else seeds.__getitem__
+    out = simulation.train_loop(
+        p, vround, data, server, cstates, keys, tasks=tasks or [task] * len(seeds),
+        algorithm=algorithm, batched=True, progress=progress,
+        desc=f"{algorithm.name} on {task.name} ×{len(seeds)} seeds",
+        callback=None if callback is None else lambda i, e: callback(key(i), e),
+        checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
+        label=label or (f"{algorithm.name} seeds {','.join(map(str, seeds))}"
+                        if hparams is None and tasks is None
+                        else f"{algorithm.name} ×{len(seeds)} replicas"),
+        load_seconds=load_seconds, started=started)
+    for r in out:
+      if isinstance(r, simulation.RunResult):
+        r.precision = precision
+    return out
 
 
 def _check_hparams(algorithm, seeds, hparams) -> None:

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_inv.runner import auto_strategy, checkpoint
+from fedjax_inv.runner.config import PRECISIONS
 from fedjax_inv.privacy import client_dp as privacy
 from fedjax_inv.core import multihost
 from fedjax_inv.core.data import padding_overhead
@@ -59,6 +60,8 @@ class RunResult:
       first device call: compilation plus that call), ``first_round_at_s`` (start of
       the run to the end of its first round), ``round_s`` (median per round after the
       first call); for batched replicas those of the whole batch.
+    precision: the arithmetic of the run's float32 matrix products and convolutions
+      (:func:`matmul_precision`): 'highest' | 'tf32' | 'bf16'.
     pool: where the training pool lived and why (:func:`resolve_pool`):
       ``residency`` ('device' | 'host'), ``reason``, the packed and padded sizes, and
       for a host pool the cohort widths compiled, the clients holding state and the
@@ -79,11 +82,12 @@ class RunResult:
   padding: dict | None = None
   timing: dict | None = None
   pool: dict | None = None
+  precision: str = "highest"
 
   def report(self) -> dict:
     """The reporting part for ``summary.json``: ``selected``, ``last_k_mean``,
     ``reporting``, ``execution_probe``, ``privacy``, ``padding``, ``timing`` and ``pool`` (keys
-    with nothing in them are left out)."""
+    with nothing in them are left out), and ``precision``."""
     out = {}
     if self.selected:
       out["selected"] = self.selected
@@ -101,6 +105,7 @@ class RunResult:
       out["timing"] = self.timing
     if self.pool:
       out["pool"] = self.pool
+    out["precision"] = self.precision
     return out
 
 
@@ -365,7 +370,8 @@ def run(task, algorithm, *, rounds: int, clients_per_round: int | None = None,
         reporting="auto", checkpoint_dir=None,
         checkpoint_every: int | None = None, rounds_per_call: int = 1,
         loggers=None, run_name: str | None = None, label: str | None = None,
-        load_seconds: float | None = None, pool: str = "auto") -> RunResult:
+        load_seconds: float | None = None, pool: str = "auto",
+        precision: str = "highest") -> RunResult:
   """Trains ``algorithm`` on ``task`` for ``rounds`` rounds.
 
   Args:
@@ -428,11 +434,15 @@ def run(task, algorithm, *, rounds: int, clients_per_round: int | None = None,
       state only for clients that took part) or 'auto' (default: 'device' when the
       padded pool is small, else 'host'). Same numbers either way for the same seed;
       ``RunResult.pool`` says which and why.
+    precision: the arithmetic of float32 matrix products and convolutions
+      (:func:`matmul_precision`): 'highest' (default: float32 on every device), 'tf32'
+      or 'bf16'; recorded in ``RunResult.precision``.
 
   Raises:
-    ValueError: ``rounds < 1``, bad cohort, bad strategy, ``clients_per_round`` /
-      ``eval_every`` / ``chunk_size`` / ``checkpoint_every`` < 1 (0 is refused, not
-      replaced by the default), ``rounds_per_call`` < 1, a bad ``shard`` (more devices
+    ValueError: ``rounds < 1``, bad cohort, an unknown ``precision``, bad strategy,
+      ``clients_per_round`` / ``eval_every`` / ``chunk_size`` / ``checkpoint_every`` < 1
+      (0 is refused, not replaced by the default), ``rounds_per_call`` < 1, a bad
+      ``shard`` (more devices
       than exist, a cohort that does not divide evenly), bad ``eval_every`` or
       ``reporting`` (e.g. a selection rule on a metric the run does not record) — all
       before compiling.
@@ -441,60 +451,80 @@ def run(task, algorithm, *, rounds: int, clients_per_round: int | None = None,
       carries the FIRST non-finite round (a device-side scalar updated every round)
       and the history so far.
   """
-  from fedjax_inv.runner import progress as progress_lib
-  started = progress_lib.clock()
-  check_checkpoint_every(checkpoint_every)
-  task, pool_record = resolve_pool(task, pool)
-  host = pool_record["residency"] == "host"
-  p = prepare(task, algorithm, rounds, clients_per_round, execution, chunk_size,
-              eval_every, shard, reporting, rounds_per_call, streamed=host)
-  round_fn = p.round_fn
-  if host:
-    from fedjax_inv.core.stream import StreamedRound
-    server, one = init_state(algorithm, p.model.init(seed), 1)
-    if one and checkpoint_dir is not None and checkpoint_every:
-      raise ValueError(f"{algorithm.name} keeps per-client state, which a host pool "
-                       "(--pool host) does not checkpoint yet; use --pool device, or run "
-                       "without --checkpoint-every.")
-    split = None
-    if (p.round_fn.strategy == "scan" and p.mesh is None and p.cohort > 1 and
-        jax.default_backend() == "cpu" and HOST_SPLIT):
-      from fedjax_inv.core.engine import build_split_round
-      split = build_split_round(p.model, task.kind, algorithm, p.num_clients, p.cohort)
-    round_fn = StreamedRound(p.round_fn, task.train, jax.tree.map(lambda a: a[0], one),
-                             split=split)
-    cstates = {}
-  else:
-    server, cstates = init_state(algorithm, p.model.init(seed), p.num_clients)
-  if loggers:
-    from fedjax_inv.runner.loggers import close_all
-    name = run_name or f"{algorithm.name}-seed{seed}"
-    config = {**algorithm.hparams, "seed": seed, "task": task.name}
-    user_cb = callback
-
-    def callback(e):
-      if user_cb is not None:
-        user_cb(e)
-      for lg in loggers:
-        lg.log(name, config, e)
-  try:
-    out = train_loop(p, round_fn, task.train, server, cstates, jax.random.key(seed),
-                     tasks=[task], algorithm=algorithm, batched=False, progress=progress,
-                     desc=f"{algorithm.name} on {task.name}",
-                     callback=None if callback is None else lambda i, e: callback(e),
-                     checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
-                     label=label or f"{algorithm.name} seed {seed}",
-                     load_seconds=load_seconds, started=started)[0]
-  finally:
-    if loggers:
-      close_all(loggers)
+  with matmul_precision(precision):
+    from fedjax_inv.runner import progress as progress_lib
+    started = progress_lib.clock()
+    check_checkpoint_every(checkpoint_every)
+    task, pool_record = resolve_pool(task, pool)
+    host = pool_record["residency"] == "host"
+    p = prepare(task, algorithm, rounds, clients_per_round, execution, chunk_size,
+                eval_every, shard, reporting, rounds_per_call, streamed=host)
+    round_fn = p.round_fn
     if host:
-      pool_record.update(round_fn.record())
-      round_fn.close()
-  if isinstance(out, DivergedError):
-    raise out
-  out.pool = pool_record
-  return out
+      from fedjax_inv.core.stream import StreamedRound
+      server, one = init_state(algorithm, p.model.init(seed), 1)
+      if one and checkpoint_dir is not None and checkpoint_every:
+        raise ValueError(f"{algorithm.name} keeps per-client state, which a host pool "
+                         "(--pool host) does not checkpoint yet; use --pool device, or run "
+                         "without --checkpoint-every.")
+      split = None
+      if (p.round_fn.strategy == "scan" and p.mesh is None and p.cohort > 1 and
+          jax.default_backend() == "cpu" and HOST_SPLIT):
+        from fedjax_inv.core.engine import build_split_round
+        split = build_split_round(p.model, task.kind, algorithm, p.num_clients, p.cohort)
+      round_fn = StreamedRound(p.round_fn, task.train, jax.tree.map(lambda a: a[0], one),
+                               split=split)
+      cstates = {}
+    else:
+      server, cstates = init_state(algorithm, p.model.init(seed), p.num_clients)
+    if loggers:
+      from fedjax_inv.runner.loggers import close_all
+      name = run_name or f"{algorithm.name}-seed{seed}"
+      config = {**algorithm.hparams, "seed": seed, "task": task.name}
+      user_cb = callback
+
+      def callback(e):
+        if user_cb is not None:
+          user_cb(e)
+        for lg in loggers:
+          lg.log(name, config, e)
+    try:
+      out = train_loop(p, round_fn, task.train, server, cstates, jax.random.key(seed),
+                       tasks=[task], algorithm=algorithm, batched=False, progress=progress,
+                       desc=f"{algorithm.name} on {task.name}",
+                       callback=None if callback is None else lambda i, e: callback(e),
+                       checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
+                       label=label or f"{algorithm.name} seed {seed}",
+                       load_seconds=load_seconds, started=started)[0]
+    finally:
+      if loggers:
+        close_all(loggers)
+      if host:
+        pool_record.update(round_fn.record())
+        round_fn.close()
+    if isinstance(out, DivergedError):
+      raise out
+    out.pool = pool_record
+    out.precision = precision
+    return out
+
+
+def matmul_precision(precision: str):
+  """The context a run computes in: ``jax.default_matmul_precision`` of ``precision``
+  (``config.PRECISIONS``): 'highest' → float32 products on every device, 'tf32' →
+  TensorFloat-32 on NVIDIA GPUs that have it, 'bf16' → bfloat16 products with float32
+  sums. Every program a run compiles (rounds, evaluation, the strategy probe) is traced
+  inside it, and the choice is part of JAX's compilation cache key.
+
+  Raises:
+    ValueError: ``precision`` not one of 'highest', 'tf32', 'bf16'.
+
+  Source: JAX documentation, "Matmul precision" (JAX's default on recent NVIDIA GPUs is
+  TensorFloat-32)."""
+  if precision not in PRECISIONS:
+    raise ValueError(f"precision={precision!r}; choose one of {tuple(PRECISIONS)} "
+                     "('highest': float32 on every device, the default).")
+  return jax.default_matmul_precision(PRECISIONS[precision])
 
 
 POOLS = ("auto", "device", "host")

@@ -74,7 +74,7 @@ def run_sweep(task, algorithm: str, spec: dict, *, seeds, rounds: int,
   progress = run_kw.pop("progress", True)
   reporting = run_kw.pop("reporting", "auto")
   unknown = sorted(set(run_kw) - {"clients_per_round", "execution", "eval_every",
-                                  "chunk_size", "rounds_per_call"})
+                                  "chunk_size", "rounds_per_call", "precision"})
   if unknown:
     raise TypeError(f"run_sweep got unknown keyword arguments {unknown}.")
   seeds = [int(s) for s in seeds]
