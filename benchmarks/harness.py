@@ -48,6 +48,8 @@ import subprocess
 import sys
 import time
 
+from fedjax_inv.runner.config import PRECISIONS
+
 # The pieces, re-exported (``__all__``) for the harness's callers: notebooks, scripts.
 from .flops import (count_flops, loop_flops, measure_matmul_peak, measure_shape_peak,
                     mlp_step_shapes)
@@ -160,7 +162,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
   p.add_argument("--host-devices", type=int, default=None,
                  help="CPU only: split the host into N XLA devices (sets XLA_FLAGS before "
                       "JAX starts) so the 'sharded' row runs")
-  p.add_argument("--precision", default="highest", choices=("highest", "tf32", "bf16"),
+  p.add_argument("--precision", default="highest", choices=tuple(PRECISIONS),
                  help="arithmetic of float32 matrix products and convolutions, as for "
                       "`fedjax-inv run --precision`: highest (float32 on every device, "
                       "the default), tf32 (TensorFloat-32 on NVIDIA GPUs), bf16; recorded "

@@ -52,6 +52,15 @@ def reads_context(aggregator: Aggregator) -> bool:
   return bool(getattr(aggregator.lift, "reads_context", False))
 
 
+def lift(aggregator: Aggregator, message: PyTree, weight, ctx=None) -> PyTree:
+  """``aggregator.lift(message, weight)``, given the client's ``ctx`` when the lift reads
+  it (:func:`reads_context`): how the engine and its memory estimate lift a message.
+  ``message`` is one client's pytree (no client axis), ``weight`` a float32 scalar."""
+  if reads_context(aggregator):
+    return aggregator.lift(message, weight, ctx=ctx)
+  return aggregator.lift(message, weight)
+
+
 def traced_names(aggregator: Aggregator) -> tuple:
   """The hyperparameters ``aggregator.finalize`` can take as traced values (``()`` for
   most aggregators; ``('tau',)`` for the sign masks)."""

@@ -43,7 +43,7 @@ from fedjax_inv.core.client import (  # noqa: F401
 from fedjax_inv.core.state import ServerState, init_state  # noqa: F401
 from fedjax_inv.core import adversary
 from fedjax_inv.core.aggregator import (  # noqa: F401 (as_gathered: re-exported)
-    Aggregator, as_gathered, main_aggregator, reads_context, traced_names, weighted_mean)
+    Aggregator, as_gathered, lift, main_aggregator, traced_names, weighted_mean)
 from fedjax_inv.core.data import ClientData
 
 PyTree = Any
@@ -578,7 +578,7 @@ def round_parts(model, kind: str, algorithm: Algorithm, num_clients: int,
   def lifted(agg, message, w, i, ctx=None):
     """``agg.lift`` (given the client's ``ctx`` when it reads it); an empty Poisson slot
     lifts to zeros (the sums' identity), whatever the aggregator does with a weight of 0."""
-    stats = agg.lift(message, w, ctx=ctx) if reads_context(agg) else agg.lift(message, w)
+    stats = lift(agg, message, w, ctx)
     if masked:
       stats = jax.tree.map(lambda a: jnp.where(i < num_clients, a, jnp.zeros_like(a)),
                            stats)

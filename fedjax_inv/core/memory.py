@@ -103,7 +103,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_inv.core import client as client_lib
-from fedjax_inv.core.aggregator import main_aggregator, reads_context
+from fedjax_inv.core.aggregator import lift, main_aggregator
 from fedjax_inv.core import state as state_lib
 from fedjax_inv.core import strategy as strategy_lib
 from fedjax_inv.core.algorithm import CLIENT_OPT_STATE, Batch, Context
@@ -360,12 +360,9 @@ def round_memory(model, algorithm, cohort: int, n_max: int, feature_shape: Seque
   p = _tree_bytes(params)
   one = jnp.ones((), jnp.float32)
   opt = _tree_bytes(jax.eval_shape(algorithm.client_chain().init, params))
-  agg = algorithm.aggregator
-  if reads_context(agg):  # e.g. DP's adaptive clip norm, read from the client's context
-    ctx = client_view(algorithm, params)
-    stats = _tree_bytes(jax.eval_shape(lambda q, cx: agg.lift(q, one, ctx=cx), params, ctx))
-  else:
-    stats = _tree_bytes(jax.eval_shape(lambda q: agg.lift(q, one), params))
+  # the lift may read the client's context (DP's adaptive clip norm): give it one
+  stats = _tree_bytes(jax.eval_shape(lambda q, cx: lift(algorithm.aggregator, q, one, cx),
+                                     params, client_view(algorithm, params)))
   cstate = sum(_tree_bytes(jax.eval_shape(lambda q, c=c: c.call("init_client", params=q),
                                           params))
                for c in algorithm.components if c.init_client is not None)
