@@ -6,6 +6,9 @@ short run on a cache miss, replicas and `execution='rule'` take the fixed rule, 
 never pay for a measurement."""
 import json
 
+import chex
+import jax
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -170,3 +173,63 @@ def test_rule_and_probe_are_valid_cli_choices_and_land_in_summary(tmp_path):
     assert s["execution"] == s["execution_probe"]["chosen"]
     assert s["execution_probe"]["by"] == {"probe": "measured", "rule": "rule"}[mode]
   assert cli.main(["run", "--task", "linear_regression", "--execution", "fastest"]) == 2
+
+
+def test_the_patches_form_is_a_candidate_for_convolutions_on_an_accelerator():
+  from fedjax_inv import models
+  cnn, mlp = models.cnn(1, channels=(4,), num_outputs=3), models.mlp(4, (8,), 3)
+  assert auto_strategy.candidates(100, cnn, (8, 8, 1), backend="gpu") == [
+      "scan", "vmap", "chunked", "vmap+patches", "chunked+patches"]
+  assert auto_strategy.candidates(10, cnn, (8, 8, 1), backend="tpu") == [
+      "scan", "vmap", "vmap+patches"]
+  assert auto_strategy.candidates(100, cnn, (8, 8, 1), backend="cpu") == [
+      "scan", "vmap", "chunked"]
+  assert auto_strategy.candidates(100, mlp, (4,), backend="gpu") == [
+      "scan", "vmap", "chunked"]
+
+
+def _image_task(n_clients=4):
+  from fedjax_inv import models
+  from fedjax_inv.core.data import from_client_arrays
+  rng = np.random.default_rng(0)
+  xs = [rng.uniform(size=(12, 6, 6, 1)).astype(np.float32) for _ in range(n_clients)]
+  ys = [rng.integers(0, 3, size=12).astype(np.int32) for _ in range(n_clients)]
+  data = from_client_arrays(xs, ys)
+  return Task("tiny_images", "multiclass", data, {"ood": data.take(np.array([0]))},
+              models.cnn(1, channels=(3, 4), num_outputs=3), {})
+
+
+@pytest.mark.slow
+def test_a_measured_patches_choice_runs_records_and_pins(monkeypatch, own_cache):
+  """When the measurement keeps 'vmap+patches' (here on the CPU, with the backend list
+  widened and a measurement that prefers it), the run trains with the patches form, says
+  so in its record and cache, and matches a run pinned to 'vmap' to float32 tolerance; a
+  run pinned to 'vmap+patches' repeats it bit for bit."""
+  task = _image_task()
+  alg = make_algorithm("fedavg", **ALG)
+  monkeypatch.setattr(auto_strategy, "PATCHES_BACKENDS", ("cpu",))
+  seen = []
+
+  def prefer_patches(build, candidates, *a, **k):
+    seen.extend(candidates)
+    built = {c: build(c) for c in candidates}
+    return built, {c: 1.0 if c == "vmap+patches" else 2.0 for c in built}
+
+  monkeypatch.setattr(auto_strategy, "measure", prefer_patches)
+  kw = dict(KW, clients_per_round=4)
+  res = simulation.run(task, alg, rounds=2, execution="probe", **kw)
+  assert seen == ["scan", "vmap", "vmap+patches"]
+  assert res.probe["chosen"] == res.strategy == "vmap+patches"
+  assert json.loads(own_cache.read_text()).popitem()[1]["chosen"] == "vmap+patches"
+  pinned = simulation.run(task, alg, rounds=2, execution="vmap+patches", **kw)
+  plain = simulation.run(task, alg, rounds=2, execution="vmap", **kw)
+  assert pinned.strategy == "vmap+patches" and plain.strategy == "vmap"
+  for a, b in zip(jax.tree.leaves(pinned.params), jax.tree.leaves(res.params)):
+    np.testing.assert_array_equal(a, b)
+  chex.assert_trees_all_close(res.params, plain.params, rtol=1e-5, atol=1e-6)
+
+
+def test_a_patches_name_is_refused_for_scan_before_anything_compiles(tiny_binary):
+  with pytest.raises(ValueError, match="scan\\+patches.*choose one of"):
+    simulation.run(_task(tiny_binary), make_algorithm("fedavg", **ALG), rounds=1,
+                   execution="scan+patches", **KW)

@@ -238,3 +238,21 @@ def test_per_sample_gradient_estimators_are_counted():
   p = memory.round_memory(MODEL, base, 4, N_MAX, FEAT, "vmap").params
   extra = est("vmap", cohort=4, alg=intra) - est("vmap", cohort=4, alg=base)
   assert extra >= 4 * N_MAX * p
+
+
+def test_the_patches_form_is_estimated_with_its_patches():
+  """'vmap+patches' traces the model with its convolutions as patches (k*k copies of each
+  layer's input): a larger estimate than 'vmap', the same as 'vmap' traced inside
+  ``conv_form('patches')``, and the cache of traced peaks keeps the two forms apart."""
+  from fedjax_inv.core import strategy
+  model = models.cnn(1, channels=(4, 8), num_outputs=3)
+  alg = make_algorithm("fedavg", local_steps=2, batch_size=8)
+  args = (model, alg, 10, 16, (12, 12, 1))
+  plain = memory.estimate_round_bytes(*args, "vmap")
+  patched = memory.estimate_round_bytes(*args, "vmap+patches")
+  assert patched > plain
+  with strategy.conv_form("patches"):
+    assert memory.estimate_round_bytes(*args, "vmap") == patched
+  assert memory.estimate_round_bytes(*args, "vmap") == plain
+  with pytest.raises(memory.DoesNotFitError, match="vmap\\+patches"):
+    memory.check_fits(*args, "vmap+patches", capacity_bytes=plain, fraction=1.0)

@@ -217,8 +217,12 @@ def build_round(model, kind: str, algorithm: Algorithm, num_clients: int,
     clients_per_round: cohort ``C`` (1 <= C <= N), sampled uniformly without replacement
       (``algorithm.client_sampling='fixed'``), or the expected cohort ``q N`` of Poisson
       sampling (``'poisson'``: the client axis is ``cohort_slots`` slots).
-    execution: 'auto' | 'vmap' | 'scan' | 'chunked'. ('loop', the benchmark baseline,
-      is ``fedjax_inv.benchmarks.loop_round.LoopRound``, built directly.)
+    execution: 'auto' | 'vmap' | 'scan' | 'chunked', or 'vmap+patches' /
+      'chunked+patches': the same strategy with the model's convolutions in the 'patches'
+      form (``strategy.CONV_FORMS``: im2col and one matrix product, batched over the
+      clients instead of one grouped convolution; equal up to float32 summation order).
+      ('loop', the benchmark baseline, is ``fedjax_inv.benchmarks.loop_round.LoopRound``,
+      built directly.)
     chunk_size: clients per chunk for 'chunked' (default: ``min(C, 64)``).
     mesh: a ``clients`` mesh (``client_mesh()``) to shard the client axis, or None.
     unroll: clients per loop iteration under 'scan' (default ``strategy.SCAN_UNROLL``).
@@ -240,7 +244,9 @@ def build_round(model, kind: str, algorithm: Algorithm, num_clients: int,
     local loss, client-weighted), 'clients': [C] int32 sampled pool indices}`` (Poisson
     sampling: ``[slots]``, ``N`` for an empty slot, and ``'cohort_size'``, the clients
     that ran); its
-    ``strategy`` attribute names the strategy that runs ('auto' resolved) and
+    ``strategy`` attribute names the strategy of the client axis that runs ('auto'
+    resolved; 'vmap' for 'vmap+patches'), ``conv_form`` the convolution form ('lax' or
+    'patches'), ``execution`` both as one name ('vmap+patches', else the strategy) and
     ``chunk_size`` the clients per chunk under 'chunked' (else None).
 
   Raises:
@@ -259,6 +265,9 @@ def build_round(model, kind: str, algorithm: Algorithm, num_clients: int,
         "client update (the benchmark baseline) is built directly as "
         "fedjax_inv.benchmarks.loop_round.LoopRound(model, kind, algorithm, num_clients, "
         f"clients_per_round); for the engine choose one of {STRATEGIES}.")
+  if execution not in STRATEGIES:
+    raise ValueError(f"execution={execution!r}; choose one of {STRATEGIES}.")
+  execution, form = strategy_lib.split_execution(execution)
   strategy = resolve_strategy(execution, clients_per_round)
   # The round's client axis: C, or the padded Poisson buffer (cohort_slots).
   masked = masked_slots(algorithm)  # some slots can be empty (index N, weight 0)
@@ -269,8 +278,9 @@ def build_round(model, kind: str, algorithm: Algorithm, num_clients: int,
                      "the default min(C, 64)).")
   chunk = min(slots, 64) if chunk_size is None else int(chunk_size)
   if feature_shape is not None and n_max is not None:
-    strategy, chunk = _fit_memory(model, algorithm, execution, strategy, chunk, slots,
-                                  feature_shape, n_max, mesh)
+    with strategy_lib.conv_form(form):
+      strategy, chunk = _fit_memory(model, algorithm, execution, strategy, chunk, slots,
+                                    feature_shape, n_max, mesh)
   unroll = strategy_lib.SCAN_UNROLL if unroll is None else int(unroll)
   parts = round_parts(model, kind, algorithm, num_clients, clients_per_round)
   # Per-client step counts (local_epochs) under 'chunked': a chunk runs to its largest
@@ -332,7 +342,15 @@ def build_round(model, kind: str, algorithm: Algorithm, num_clients: int,
   def sample_fn(round_, key):  # the cohort of round ``round_`` (0-based server round)
     return parts.sample(_RoundOnly(jnp.asarray(round_, jnp.int32)), key)[0]
 
+  if form != "lax":  # every trace of the round (and its retraces) sees the form
+    traced = round_fn
+
+    def round_fn(*args):
+      with strategy_lib.conv_form(form):
+        return traced(*args)
   round_fn.strategy = strategy
+  round_fn.conv_form = form
+  round_fn.execution = strategy + (strategy_lib.PATCHES if form == "patches" else "")
   round_fn.chunk_size = (strategy_lib.largest_divisor_at_most(slots, chunk)
                          if strategy == "chunked" else None)
   round_fn.sample = sample_fn
@@ -341,11 +359,10 @@ def build_round(model, kind: str, algorithm: Algorithm, num_clients: int,
     return round_fn
   jitted = jax.jit(round_fn, donate_argnums=(1,))
   wrapper = lambda *a: jitted(*a)  # noqa: E731
-  wrapper.strategy = strategy
-  wrapper.chunk_size = round_fn.chunk_size
+  for name in ("strategy", "conv_form", "execution", "chunk_size", "slots"):
+    setattr(wrapper, name, getattr(round_fn, name))
   wrapper.jitted = jitted
   wrapper.sample = jax.jit(sample_fn)
-  wrapper.slots = slots
   return wrapper
 
 

@@ -250,7 +250,8 @@ PRE_CHUNK = strategy_lib.PRE_CHUNK
 # The loss kind the client's work is traced with: the loss head ([B, K] logits) is
 # negligible next to the model, so the estimate does not need the task's kind.
 _KIND = "multiclass"
-_PEAKS: dict = {}  # (id(model), id(algorithm), n_max, feature_shape) -> (model, alg, peaks)
+_PEAKS: dict = {}  # (id(model), id(algorithm), n_max, feature_shape, conv form) -> (model,
+#                    alg, peaks)
 
 
 class ClientPeaks(NamedTuple):
@@ -309,9 +310,11 @@ def client_peak_bytes(model, algorithm, n_max: int,
     feature_shape: one example's shape.
 
   Returns:
-    :class:`ClientPeaks` (bytes). Cached per (model, algorithm) object and shapes.
+    :class:`ClientPeaks` (bytes), traced in the convolution form in force
+    (``strategy.conv_form``). Cached per (model, algorithm) object, shapes and form.
   """
-  key = (id(model), id(algorithm), int(n_max), tuple(feature_shape))
+  key = (id(model), id(algorithm), int(n_max), tuple(feature_shape),
+         strategy_lib.current_conv_form())
   hit = _PEAKS.get(key)
   if hit is not None and hit[0] is model and hit[1] is algorithm:
     return hit[2]
@@ -353,8 +356,10 @@ def round_memory(model, algorithm, cohort: int, n_max: int, feature_shape: Seque
                  strategy: str, chunk_size: int | None = None, *, num_devices: int = 1,
                  label_bytes: int = 4) -> RoundMemory:
   """The breakdown behind :func:`estimate_round_bytes` (same arguments)."""
+  strategy, form = strategy_lib.split_execution(strategy)
   _check_args(cohort, n_max, feature_shape, strategy, chunk_size, num_devices)
-  peaks = client_peak_bytes(model, algorithm, n_max, feature_shape)
+  with strategy_lib.conv_form(form if form != "lax" else strategy_lib.current_conv_form()):
+    peaks = client_peak_bytes(model, algorithm, n_max, feature_shape)
   model = algorithm.model_for(model)
   params = jax.eval_shape(lambda: model.init(0))
   p = _tree_bytes(params)
@@ -443,7 +448,9 @@ def estimate_round_bytes(model, algorithm, cohort: int, n_max: int,
     cohort: clients per round ``C``.
     n_max: padded examples per client.
     feature_shape: one example's input shape, e.g. ``(28, 28, 1)``.
-    strategy: 'vmap' | 'scan' | 'chunked' (a resolved strategy, not 'auto').
+    strategy: 'vmap' | 'scan' | 'chunked' (a resolved strategy, not 'auto'), or
+      'vmap+patches' / 'chunked+patches' (the model traced with its convolutions in the
+      patches form, ``strategy.CONV_FORMS``).
     chunk_size: clients per chunk for 'chunked' (default ``min(C, 64)``, rounded down to
       a divisor of ``C`` as the engine does).
     num_devices: devices the client axis is sharded over (``client_mesh``); the result is
@@ -602,14 +609,16 @@ _CONV: dict = {}  # (id(model), feature_shape) -> (model, bool)
 def uses_convolution(model, feature_shape: Sequence[int]) -> bool:
   """Whether ``model``'s forward pass on one example of ``feature_shape`` contains a
   convolution (``conv_general_dilated`` anywhere in its jaxpr, nested calls included).
-  Traced on abstract values (no compile); cached per model object and shape."""
+  Traced on abstract values (no compile) in the 'lax' convolution form, whichever form
+  is in force; cached per model object and shape."""
   key = (id(model), tuple(feature_shape))
   hit = _CONV.get(key)
   if hit is not None and hit[0] is model:
     return hit[1]
   params = jax.eval_shape(lambda: model.init(0))
   x = jax.ShapeDtypeStruct((1,) + tuple(feature_shape), jnp.float32)
-  jaxpr = jax.make_jaxpr(lambda p, v: model.classify(p, model.features(p, v)))(params, x)
+  with strategy_lib.conv_form("lax"):
+    jaxpr = jax.make_jaxpr(lambda p, v: model.classify(p, model.features(p, v)))(params, x)
   todo, found = [jaxpr.jaxpr], False
   while todo and not found:
     for eqn in todo.pop().eqns:

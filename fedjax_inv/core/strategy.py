@@ -6,11 +6,55 @@ setting them here changes both the engine and the estimate.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 
 # The strategies a round can run under; "auto" picks one of them per workload.
 CONCRETE_STRATEGIES = ("vmap", "scan", "chunked")
-STRATEGIES = ("auto", *CONCRETE_STRATEGIES)
+# How a model's convolutions are computed, read when a round is traced
+# (``fedjax_inv.models.conv.conv_general_dilated``): 'lax' is XLA's convolution, which
+# vmapped over the clients' own weights becomes one grouped convolution with a group per
+# client; 'patches' is the input's patches (im2col) times the kernel as one matrix
+# product, which vmapped over clients becomes one batched matrix product.
+CONV_FORMS = ("lax", "patches")
+PATCHES = "+patches"  # a strategy's suffix for the 'patches' form, e.g. 'vmap+patches'
+PATCHED_STRATEGIES = ("vmap" + PATCHES, "chunked" + PATCHES)
+STRATEGIES = ("auto", *CONCRETE_STRATEGIES, *PATCHED_STRATEGIES)
+
+
+def split_execution(execution: str) -> tuple[str, str]:
+  """``'vmap+patches' -> ('vmap', 'patches')``, ``'scan' -> ('scan', 'lax')``: a strategy
+  name as the strategy of the client axis and the convolution form (:data:`CONV_FORMS`).
+  Names are not validated here (the engine does that)."""
+  if execution.endswith(PATCHES):
+    return execution[:-len(PATCHES)], "patches"
+  return execution, "lax"
+
+
+_CONV_FORM = contextvars.ContextVar("fedjax_inv_conv_form", default="lax")
+
+
+@contextlib.contextmanager
+def conv_form(form: str):
+  """Within the block, convolutions traced through ``models.conv.conv_general_dilated``
+  take the form ``form`` (:data:`CONV_FORMS`). Programs already traced keep theirs.
+
+  Raises:
+    ValueError: ``form`` is not in :data:`CONV_FORMS`.
+  """
+  if form not in CONV_FORMS:
+    raise ValueError(f"conv form {form!r}; choose one of {CONV_FORMS}.")
+  token = _CONV_FORM.set(form)
+  try:
+    yield
+  finally:
+    _CONV_FORM.reset(token)
+
+
+def current_conv_form() -> str:
+  """The convolution form in force (:func:`conv_form`; 'lax' outside any block)."""
+  return _CONV_FORM.get()
 # Under 'scan', the pre-stage (messages at the shared global model: forward passes, no
 # per-client weights) runs vmapped in chunks of this many clients, so a forward pass
 # batches into one larger matmul (measured, fishr_inter_geo C=200 on 2 CPU cores:

@@ -167,6 +167,7 @@ class StreamedRound:
     self.split = split
     self._workers = concurrent.futures.ThreadPoolExecutor(2) if split else None
     self.strategy, self.chunk_size = round_fn.strategy, round_fn.chunk_size
+    self.execution = getattr(round_fn, "execution", round_fn.strategy)
     self.store = ClientStateStore(init_states, pool.num_clients, state_budget_bytes)
     self.widths: set[int] = set()
     self._round: int | None = None

@@ -30,6 +30,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from fedjax_inv.core import strategy
+
 
 def _dilate(shape, dilation):
   return tuple(0 if s == 0 else 1 + d * (s - 1) for s, d in zip(shape, dilation))
@@ -60,19 +62,64 @@ def eigen_convolutions(xla_flags: str | None = None) -> bool:
   return "individual_convolution" not in items
 
 
+def _patches(x, k_sp: tuple, strides: tuple, pads: tuple, rhs_dil: tuple):
+  """The patches of canonical ``x [N, S..., I]`` under a kernel of spatial shape ``k_sp``:
+  ``[N, S'..., prod(k_sp)·I]``, kernel offsets major and input channels minor (the order
+  of ``w.reshape(prod(k_sp)·I, O)`` for ``w [K..., I, O]``), made of strided slices of the
+  padded input (negative padding crops)."""
+  nd = x.ndim - 2
+  xp = lax.pad(x, jnp.zeros((), x.dtype),
+               ((0, 0, 0),) + tuple((lo, hi, 0) for lo, hi in pads) + ((0, 0, 0),))
+  k_d = _dilate(k_sp, rhs_dil)
+  out_sp = tuple((xp.shape[1 + d] - k_d[d]) // strides[d] + 1 for d in range(nd))
+  cols = []
+  for off in itertools.product(*(range(k) for k in k_sp)):
+    start = tuple(o * r for o, r in zip(off, rhs_dil))
+    if all(s == 1 for s in strides):
+      cols.append(xp[(slice(None),) + tuple(slice(b, b + n) for b, n in zip(start, out_sp))])
+    else:
+      cols.append(lax.slice(xp, (0,) + start + (0,),
+                            (xp.shape[0],) + tuple(b + (n - 1) * t + 1 for b, n, t in
+                                                   zip(start, out_sp, strides))
+                            + (xp.shape[-1],), (1,) + tuple(strides) + (1,)))
+  return jnp.stack(cols, axis=-2).reshape(x.shape[:1] + out_sp + (-1,))
+
+
 def _im2col(x, w, pads):
   """Stride-1, undilated convolution of canonical ``x [N, S..., I]`` with ``w [K..., I,
   O]`` as ``patches [N, S'..., prod(K)·I] @ w.reshape(prod(K)·I, O)`` (same result as the
   convolution up to float32 summation order)."""
   nd = x.ndim - 2
   k_sp = w.shape[:nd]
-  xp = jnp.pad(x, ((0, 0),) + tuple(pads) + ((0, 0),))
-  out_sp = tuple(xp.shape[1 + d] - k_sp[d] + 1 for d in range(nd))
-  cols = [xp[(slice(None),) + tuple(slice(o, o + n) for o, n in zip(off, out_sp))]
-          for off in itertools.product(*(range(k) for k in k_sp))]
-  patches = jnp.stack(cols, axis=-2).reshape(x.shape[:1] + out_sp + (-1,))
+  patches = _patches(x, k_sp, (1,) * nd, pads, (1,) * nd)
   return jnp.dot(patches, w.reshape(math.prod(k_sp) * x.shape[-1], w.shape[-1]),
                  precision=lax.Precision.HIGHEST)
+
+
+def patches_conv(x, w, strides: tuple, pads: tuple, rhs_dil: tuple, precision=None):
+  """A convolution in the 'patches' form (``core.strategy.CONV_FORMS``): canonical
+  ``x [N, S..., I]`` with ``w [K..., I, O]`` as ``patches [N, S'..., prod(K)·I] @
+  w.reshape(prod(K)·I, O) -> [N, S'..., O]``, differentiated by JAX's own rules (slices
+  and one matrix product), so that vmapped over a client axis with per-client weights the
+  forward and both gradients are batched matrix products ``[C, ...] @ [C, ...]`` rather
+  than one grouped convolution with a group per client.
+
+  Equal to ``lax.conv_general_dilated`` with the same strides, padding and kernel
+  dilation up to float32 summation order; ``precision`` as that function's (None: the
+  default matmul precision in force, ``jax.default_matmul_precision``). Costs
+  ``prod(K)`` times the input's memory for the patches.
+
+  Raises:
+    TypeError / ValueError: what ``jnp.dot`` raises for mismatched channels.
+
+  Source: im2col (Chellapilla, Puri & Simard 2006, "High Performance Convolutional
+  Neural Networks for Document Processing"); nothing paper-specific.
+  """
+  nd = x.ndim - 2
+  k_sp = w.shape[:nd]
+  cols = _patches(x, k_sp, strides, pads, rhs_dil)
+  return jnp.dot(cols, w.reshape(math.prod(k_sp) * x.shape[-1], w.shape[-1]),
+                 precision=precision)
 
 
 def _canonical_dn(nd: int) -> lax.ConvDimensionNumbers:
@@ -175,7 +222,11 @@ def conv_general_dilated(lhs, rhs, window_strides, padding, lhs_dilation=None,
     pads = tuple((int(lo), int(hi)) for lo, hi in padding)
   x = jnp.transpose(lhs, (dn.lhs_spec[0],) + tuple(dn.lhs_spec[2:]) + (dn.lhs_spec[1],))
   w = jnp.transpose(rhs, tuple(dn.rhs_spec[2:]) + (dn.rhs_spec[1], dn.rhs_spec[0]))
-  y = _canonical_conv(nd, strides, tuple(tuple(p) for p in pads), rhs_d, precision)(x, w)
+  pads = tuple(tuple(p) for p in pads)
+  if strategy.current_conv_form() == "patches":
+    y = patches_conv(x, w, strides, pads, rhs_d, precision)
+  else:
+    y = _canonical_conv(nd, strides, pads, rhs_d, precision)(x, w)
   perm = [0] * (nd + 2)
   perm[dn.out_spec[0]] = 0
   perm[dn.out_spec[1]] = nd + 1

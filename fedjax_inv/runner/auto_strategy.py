@@ -11,8 +11,10 @@ else ``vmap``, ``chunked`` when the memory estimate says so) is wrong in measure
 2. **cache miss, short run** (``rounds < MEASURE_MIN_ROUNDS``): the fixed rule, no
    measurement (compiling the other candidates would cost more than they can save, so a
    10-round run is never slower than before);
-3. **cache miss, long run**: every candidate that fits in memory ('scan', 'vmap', and
-   'chunked' for cohorts above ``CHUNK_MIN_COHORT``) is built and compiled, then timed
+3. **cache miss, long run**: every candidate that fits in memory (:func:`candidates`:
+   'scan', 'vmap', and 'chunked' for cohorts above ``CHUNK_MIN_COHORT``; on a GPU or
+   TPU, for a model with convolutions, also 'vmap+patches' and 'chunked+patches') is
+   built and compiled, then timed
    for ``PROBE_ROUNDS`` rounds from the initial state, ``REPEATS`` times, interleaved
    (scan, vmap, chunked, scan, ...), so that a burst of background load hits every
    candidate alike; the median of each is compared, the fastest kept and cached.
@@ -53,6 +55,28 @@ REPEATS = 3  # interleaved repeats per candidate; the median is compared
 CHUNK_MIN_COHORT = 64  # 'chunked' is a candidate above this cohort (chunks of 64)
 CACHE_FILE = "auto_strategy.json"
 MODES = ("auto", "probe", "rule")
+# Backends on which the 'patches' form of a model's convolutions (core.strategy.CONV_FORMS)
+# is a candidate. Not the CPU: measured there (2-core AMD EPYC, JAX 0.10.2, models.cnn(1)
+# FedAvg, 5 local steps of batch 32; benchmarks/results_conv_forms_cpu.json), 'scan' beat
+# every patches candidate about twice: C=10 scan 0.43 s per round, vmap+patches 0.84 s,
+# vmap 2.7 s; C=100 scan 4.2 s, chunked+patches 9.1 s, chunked 35.5 s. Timing them there
+# would only add compiles.
+PATCHES_BACKENDS = ("gpu", "cuda", "rocm", "tpu")
+
+
+def candidates(cohort: int, model, feature_shape, backend: str | None = None) -> list:
+  """The strategies 'auto' times for a round of ``cohort`` clients of ``model`` on
+  inputs of ``feature_shape``: 'scan', 'vmap', 'chunked' above ``CHUNK_MIN_COHORT``
+  clients, and on a backend of :data:`PATCHES_BACKENDS` (default: JAX's) with a model
+  that has convolutions (``core.memory.uses_convolution``) each batched one again with
+  its convolutions in the patches form ('vmap+patches', 'chunked+patches')."""
+  from fedjax_inv.core import memory
+  from fedjax_inv.core import strategy as strategy_lib
+  out = ["scan", "vmap"] + (["chunked"] if cohort > CHUNK_MIN_COHORT else [])
+  if ((backend or jax.default_backend()) in PATCHES_BACKENDS
+      and memory.uses_convolution(model, feature_shape)):
+    out += [s + strategy_lib.PATCHES for s in out if s != "scan"]
+  return out
 
 
 def cache_path() -> pathlib.Path:
@@ -154,6 +178,11 @@ def measure(build, candidates, server, cstates, data, rounds: int = PROBE_ROUNDS
   return built, {c: statistics.median(v) for c, v in times.items()}
 
 
+def _name(round_fn) -> str:
+  """A built round's strategy as the ``execution`` name that rebuilds it."""
+  return getattr(round_fn, "execution", round_fn.strategy)
+
+
 def choose(mode: str, task, model, algorithm, cohort: int, rounds: int, build,
            server, cstates, num_devices: int = 1, stream=None) -> tuple:
   """The run's round function and its record (module docstring).
@@ -185,7 +214,7 @@ def choose(mode: str, task, model, algorithm, cohort: int, rounds: int, build,
   stream = stream or sys.stderr
   if mode == "rule":
     fn = build("auto")
-    return fn, {"chosen": fn.strategy, "by": "rule", "seconds_per_round": {}}
+    return fn, {"chosen": _name(fn), "by": "rule", "seconds_per_round": {}}
   key = round_key(task, model, algorithm, cohort, num_devices)
   hit = cached(key) if mode == "auto" else None
   if hit is not None:
@@ -200,11 +229,11 @@ def choose(mode: str, task, model, algorithm, cohort: int, rounds: int, build,
                    "seconds_per_round": hit["seconds_per_round"], "cache": str(cache_path())}
   if mode == "auto" and rounds < MEASURE_MIN_ROUNDS:
     fn = build("auto")
-    return fn, {"chosen": fn.strategy, "by": "rule", "seconds_per_round": {},
+    return fn, {"chosen": _name(fn), "by": "rule", "seconds_per_round": {},
                 "why": f"{rounds} rounds < {MEASURE_MIN_ROUNDS}: too short to pay for "
                        "measuring (fixed rule)"}
-  candidates = ["scan", "vmap"] + (["chunked"] if cohort > CHUNK_MIN_COHORT else [])
-  built, times = measure(build, candidates, server, cstates, task.train)
+  built, times = measure(build, candidates(cohort, model, task.train.feature_shape),
+                         server, cstates, task.train)
   if not built:
     raise memory.DoesNotFitError(f"execution={mode!r}: no strategy fits in memory; "
                                  "lower clients_per_round.")

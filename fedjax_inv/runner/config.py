@@ -65,8 +65,11 @@ RUN_KEYS = {
     "execution": (str, "auto (the strategy measured fastest for this round on this "
                        "device: cached, or measured for runs of >= 50 rounds, else the "
                        "fixed rule) | rule (the fixed rule, no measurement) | probe "
-                       "(measure now, refresh the cache) | vmap | scan | chunked; the "
-                       "choice is in summary.json; default auto"),
+                       "(measure now, refresh the cache) | vmap | scan | chunked | "
+                       "vmap+patches | chunked+patches (a model's convolutions as patches "
+                       "times the kernel, one batched matrix product over the clients; "
+                       "'auto' times them on a GPU or TPU); the choice is in "
+                       "summary.json; default auto"),
     "chunk_size": (int, "clients per chunk for --execution chunked (>= 1); default: auto"),
     "devices": (str, "all | N: shard the client axis over all local devices or the first N "
                      "of jax.devices() (the cohort must divide evenly; 1 = no sharding); "

@@ -48,6 +48,7 @@ def batched_round(round_fn, per_replica_data: bool = False):
                    donate_argnums=(1,))
   vround.jitted = vround
   vround.strategy = round_fn.strategy
+  vround.execution = getattr(round_fn, "execution", round_fn.strategy)
   return vround
 
 

@@ -36,7 +36,8 @@ class RunResult:
     final: the last entry.
     params: final global model.
     server_state: final server state.
-    strategy: resolved execution strategy.
+    strategy: resolved execution strategy, as the ``execution`` name that reproduces it
+      ('vmap+patches' when the convolutions ran in the patches form).
     seconds: wall time of the rounds (evaluation included).
     selected: ``{rule: history entry}`` — the round picked by each selection rule of
       ``reporting.select`` (e.g. ``'min:ood_loss'``), empty if none.
@@ -862,8 +863,10 @@ def train_loop(p, round_fn, data, server, cstates, keys, *, tasks, algorithm, ba
   seconds = (time.perf_counter() - t0) / reps.S
   if multi:
     server = multihost.to_host(server)
-  return reps.results(p, server, round_fn.strategy, seconds, p.probe,
-                      prog.timing() if prog.compile_s is not None else None)
+  # the strategy as one name ('vmap+patches' for the patches form of the convolutions)
+  return reps.results(p, server, getattr(round_fn, "execution", round_fn.strategy), seconds,
+                      p.probe,
+                      timing=prog.timing() if prog.compile_s is not None else None)
 
 
 def _global_inputs(mesh, data, server, cstates, keys, bad):
