@@ -36,8 +36,9 @@ def _size(v) -> int:
   return math.prod(shape) if shape is not None else 0
 
 
-def _jaxpr_flops(jaxpr) -> float:
+def _jaxpr_flops(jaxpr, while_trips: int = 1) -> float:
   total = 0.0
+  rec = lambda j: _jaxpr_flops(j, while_trips)  # noqa: E731
   for eqn in jaxpr.eqns:
     name = eqn.primitive.name
     if name == "dot_general":
@@ -50,25 +51,30 @@ def _jaxpr_flops(jaxpr) -> float:
       total += 2.0 * _size(eqn.outvars[0]) * rhs[spec[1]] * math.prod(
           rhs[d] for d in spec[2:])
     elif name == "scan":
-      total += eqn.params["length"] * _jaxpr_flops(eqn.params["jaxpr"].jaxpr)
+      total += eqn.params["length"] * rec(eqn.params["jaxpr"].jaxpr)
     elif name == "cond":
-      total += max(_jaxpr_flops(b.jaxpr) for b in eqn.params["branches"])
+      total += max(rec(b.jaxpr) for b in eqn.params["branches"])
+    elif name == "while":
+      total += while_trips * (rec(eqn.params["body_jaxpr"].jaxpr)
+                              + rec(eqn.params["cond_jaxpr"].jaxpr))
     elif name in _ELEMENTWISE:
       total += sum(_size(v) for v in eqn.outvars)
     elif name in _REDUCTIONS:
       total += sum(_size(v) for v in eqn.invars)
     else:
-      total += sum(_jaxpr_flops(s) for s in sub_jaxprs(eqn))  # while: body once
+      total += sum(rec(s) for s in sub_jaxprs(eqn))
   return total
 
 
-def count_flops(fn: Callable, *args) -> float:
+def count_flops(fn: Callable, *args, while_trips: int = 1) -> float:
   """Floating-point operations of ``fn(*args)``, counted from its jaxpr (no compile).
 
   ``dot_general``: ``2·|out|·Π contracted dims``; ``conv_general_dilated``:
   ``2·|out|·C_in/groups·Π kernel dims``; elementwise arithmetic: one per output element;
   reductions: one per input element; ``scan`` bodies × ``length``; ``cond``: the
-  costliest branch; ``while`` bodies once (unknown trip count). Unlike XLA's
+  costliest branch; ``while`` bodies ``while_trips`` times (the trip count is not in
+  the jaxpr: 1 by default; the local steps of a ``local_epochs`` recipe, whose clients
+  train in a ``while_loop``, for a round). Unlike XLA's
   ``compiled.cost_analysis()['flops']``, which counts each loop body once, this makes
   'scan', 'chunked' and 'vmap' rounds count the same work. ``args`` may be arrays or
   ``jax.ShapeDtypeStruct``.
@@ -77,20 +83,22 @@ def count_flops(fn: Callable, *args) -> float:
     float FLOPs of one call.
   """
   import jax
-  return _jaxpr_flops(jax.make_jaxpr(fn)(*args).jaxpr)
+  return _jaxpr_flops(jax.make_jaxpr(fn)(*args).jaxpr, while_trips)
 
 
-def loop_flops(loop: LoopRound, server, client_states, data, key) -> float:
+def loop_flops(loop: LoopRound, server, client_states, data, key,
+               while_trips: int = 1) -> float:
   """FLOPs of one ``loop`` round from the jaxprs of its compiled pieces
   (:func:`count_flops`, each times the number of calls per round; compiles ``loop``
   first if needed)."""
-  return sum(n * count_flops(fn, *args)
+  return sum(n * count_flops(fn, *args, while_trips=while_trips)
              for n, fn, args in loop.pieces(server, client_states, data, key))
 
 
 def xla_flops_local(model, kind, algorithm, data, server) -> float | None:
   """``C``-independent part: XLA cost_analysis flops of ONE client's local training with
-  one local step (a loop body counted once = exactly one step), times ``K``.
+  one local step (a loop body counted once = exactly one step), times ``K`` (the local
+  steps; ``E * ceil(n / B)`` for a ``local_epochs`` recipe).
 
   Returns None (never raises) when a component keeps client state or XLA's cost analysis
   fails: the count is best effort.
@@ -112,7 +120,9 @@ def xla_flops_local(model, kind, algorithm, data, server) -> float | None:
     ca = jax.jit(one).lower(data.x[0], data.y[0], data.n[0], jax.random.key(0)).compile()
     ca = ca.cost_analysis()
     ca = ca[0] if isinstance(ca, (list, tuple)) else ca
-    return float(ca.get("flops", 0.0)) * algorithm.local_steps
+    # K: local_steps, or E * ceil(n / B) under local_epochs (a while_loop, body once)
+    from fedjax_inv.core.client import max_client_steps
+    return float(ca.get("flops", 0.0)) * max_client_steps(algorithm, data.x.shape[1])
   except Exception:  # cost analysis is best effort
     return None
 

@@ -125,11 +125,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
   p.add_argument("--quick", action="store_true",
                  help="small plan (MLP FedAvg C=10,100; fishr_inter_geo, fediir, fedsr "
                       "C=10), < 2 min on 2 idle CPU cores")
-  p.add_argument("--workloads", help="comma list: mlp, cnn, heavy, mlp_<algorithm> "
-                 "(default: the plan's)")
+  p.add_argument("--workloads", help="comma list: mlp, cnn, cifar10 (pfl-research's "
+                 "CIFAR10 setting), heavy, mlp_<algorithm> (default: the plan's)")
   p.add_argument("--clients", help="comma list of cohort sizes C (default 10,100,1000,"
                  "10000; --quick 10,100)")
-  p.add_argument("--impls", help=f"comma list from {','.join(IMPLS)} (default all)")
+  p.add_argument("--impls", help=f"comma list from {','.join(IMPLS)} (default all), or "
+                 "vmap+patches, chunked+patches (the ConvNet's convolutions as batched "
+                 "matrix products)")
   p.add_argument("--rounds", type=int, help="timed rounds per row (default 5; quick 3)")
   p.add_argument("--warmup", type=int, help="untimed rounds after compiling (default 1)")
   p.add_argument("--chunk-size", type=int, default=None,
@@ -173,6 +175,14 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
   return p
 
 
+def _engine_strategies() -> tuple:
+  """The engine's execution strategies beyond ``IMPLS`` (``core.strategy.STRATEGIES``:
+  'vmap+patches', 'chunked+patches'): ``--impls`` accepts them too; not in the default
+  plan."""
+  from fedjax_inv.core import strategy
+  return tuple(s for s in strategy.STRATEGIES if s not in IMPLS)
+
+
 def _plan(args) -> tuple[dict, list[tuple[list, tuple, tuple]]]:
   cfg = dict(QUICK if args.quick else FULL)
   if args.rounds is not None:
@@ -189,8 +199,8 @@ def _plan(args) -> tuple[dict, list[tuple[list, tuple, tuple]]]:
     raise ValueError(f"--chunk-size {args.chunk_size}: use a positive int.")
   impls = _csv(args.impls) if args.impls else None
   for i in impls or ():
-    if i not in IMPLS:
-      raise ValueError(f"--impls {i!r}: choose from {IMPLS}.")
+    if i not in IMPLS and i not in _engine_strategies():
+      raise ValueError(f"--impls {i!r}: choose from {IMPLS + _engine_strategies()}.")
   clients = _csv(args.clients, int) if args.clients else None
   for c in clients or ():
     if c < 1:
@@ -236,15 +246,18 @@ def _set_host_devices(n: int) -> None:
                                f" --xla_force_host_platform_device_count={n}").strip()
 
 
-def _meta(args, cfg: dict, log) -> tuple[dict, float | None]:
-  """The run's ``meta`` (machine, date, command, data, local recipe, rounds; the matmul
-  peaks unless ``--no-matmul-peak``) and the f32 matmul peak in FLOP/s (or None)."""
+def _meta(args, cfg: dict, log, plan=()) -> tuple[dict, float | None]:
+  """The run's ``meta`` (machine, date, command, data, local recipe, rounds, each planned
+  workload's data shape and recipe; the matmul peaks unless ``--no-matmul-peak``) and the
+  f32 matmul peak in FLOP/s (or None)."""
   meta = machine_info()
   meta.update(date=datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
               command="fedjax-inv " + " ".join(sys.argv[1:]) if sys.argv else "",
-              workload_data="synthetic MNIST-shaped clients: x uniform [0,1) of shape "
-              f"[C, {EXAMPLES_PER_CLIENT}, 28, 28, 1], 10 uniform labels; pool N = C",
-              local=dict(LOCAL), warmup=cfg["warmup"], rounds=cfg["rounds"])
+              workload_data="synthetic clients: x uniform [0,1) of shape "
+              f"[C, {EXAMPLES_PER_CLIENT}, 28, 28, 1] (MNIST-shaped; cifar10_fedavg: "
+              "[C, 50, 32, 32, 3]), 10 uniform labels; pool N = C",
+              local=dict(LOCAL), warmup=cfg["warmup"], rounds=cfg["rounds"],
+              workloads={w.name: w.describe() for ws, _, _ in plan for w in ws})
   peak = None
   if not args.no_matmul_peak:
     log(f"measuring f32 matmul peak (n={cfg['matmul_n']}) ...")
@@ -352,7 +365,7 @@ def cmd_bench(args) -> int:
   log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
   from fedjax_inv.runner.simulation import matmul_precision
   with matmul_precision(args.precision):  # every program below is traced under it
-    meta, peak = _meta(args, cfg, log)
+    meta, peak = _meta(args, cfg, log, plan)
     meta["precision"] = args.precision
     known = registry()
     if args.replicas or args.fused:

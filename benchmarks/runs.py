@@ -50,7 +50,9 @@ def measure_runs(workload: Workload, C: int, *, replicas: int = 0, fused: int = 
                      "replicas/fused >= 0 and rounds >= 1.")
   model = workload.make_model()
   alg, _ = workload.make_algorithm()
-  task = Task(f"bench_{workload.name}", "multiclass", synthetic_pool(C), {}, model, {})
+  task = Task(f"bench_{workload.name}", "multiclass",
+              synthetic_pool(C, workload.n_per_client, tuple(workload.feature_shape)), {},
+              model, {})
   p = simulation.prepare(task, alg, rounds, None, "auto", None, None, True, None,
                          max(1, fused))
   data, key = task.train, jax.random.key(0)

@@ -6,8 +6,14 @@ A row's fields: steady-state round time (median after warm-up, min–max), clien
 per second (``C / median``), compile time, ``ratio_vs_loop``, FLOPs per round
 (``flops.count_flops``) and achieved FLOP/s against the measured peak, XLA's FLOPs for
 one local step × ``K`` × ``C``, and memory: the analytic estimate (``core.memory``),
-XLA's ``memory_analysis()`` of the compiled round and the process's peak-RSS increase
-while the round ran (``rss``).
+XLA's ``memory_analysis()`` of the compiled round, the process's peak-RSS increase
+while the round ran (``rss``) and, on an accelerator, the device allocator's peak
+(``device_peak_mb``: ``jax.devices()[0].memory_stats()['peak_bytes_in_use']`` after the
+row's timed rounds, the peak of the whole process so far, since JAX cannot reset it;
+``device_peak_exact`` is True when the row raised it, i.e. the value is the row's own
+peak, False when it is only an upper bound; ``device_in_use_mb``: bytes in use after the
+row). At each ``C`` the implementation ``auto`` resolves to is timed first, so its row
+raises the peak whenever its ``C`` needs more than the smaller ones did.
 
 All timings use ``time.perf_counter`` around a call followed by ``jax.block_until_ready``.
 """
@@ -24,7 +30,7 @@ from .flops import count_flops, loop_flops, xla_flops_local
 from .loop_round import build_loop_round
 from .rss import peak_rss_bytes, reset_peak_rss, rss_bytes
 from .summary import add_ratios_vs_loop
-from .workloads import EXAMPLES_PER_CLIENT, FEATURE_SHAPE, IMPLS, Workload, synthetic_pool
+from .workloads import IMPLS, Workload, synthetic_pool
 
 
 def _timed_rounds(call: Callable, state, warmup: int, rounds: int, budget_s: float):
@@ -52,22 +58,35 @@ def _mb(b) -> float | None:
   return None if b is None else round(b / 2 ** 20, 1)
 
 
-def _shape_kw() -> dict:
-  """``feature_shape=`` and ``n_max=`` for ``build_round`` when the engine accepts them
-  (its 'auto' then inspects the model and the memory, as in a real run)."""
+def _shape_kw(workload: Workload) -> dict:
+  """``feature_shape=`` and ``n_max=`` (the workload's) for ``build_round`` when the
+  engine accepts them (its 'auto' then inspects the model and the memory, as in a real
+  run)."""
   import inspect
   from fedjax_inv.core import engine
   if "n_max" in inspect.signature(engine.build_round).parameters:
-    return dict(feature_shape=FEATURE_SHAPE, n_max=EXAMPLES_PER_CLIENT)
+    return dict(feature_shape=tuple(workload.feature_shape), n_max=workload.n_per_client)
   return {}
 
 
-def _resolve_auto(model, kind, algorithm, C) -> tuple[str, int | None]:
+def _resolve_auto(model, kind, algorithm, C, workload: Workload) -> tuple[str, int | None]:
   """``(strategy, chunk size or None)`` that ``execution='auto'`` resolves to for this
   model and cohort."""
   from fedjax_inv.core import engine
-  rf = engine.build_round(model, kind, algorithm, C, C, execution="auto", **_shape_kw())
+  rf = engine.build_round(model, kind, algorithm, C, C, execution="auto",
+                          **_shape_kw(workload))
   return rf.strategy, getattr(rf, "chunk_size", None)
+
+
+def _device_memory() -> tuple[int | None, int | None]:
+  """``(peak_bytes_in_use, bytes_in_use)`` of the first JAX device (None, None where the
+  backend keeps no statistics, e.g. the CPU)."""
+  import jax
+  try:
+    st = jax.devices()[0].memory_stats() or {}
+  except Exception:  # noqa: BLE001 - a backend without statistics
+    st = {}
+  return st.get("peak_bytes_in_use"), st.get("bytes_in_use")
 
 
 def _row(workload: Workload, C: int, impl: str, **kw) -> dict:
@@ -77,7 +96,8 @@ def _row(workload: Workload, C: int, impl: str, **kw) -> dict:
              round_s_max=None, client_updates_per_s=None, compile_s=None,
              ratio_vs_loop=None, gflop_per_round=None, gflops=None, pct_of_peak=None,
              xla_gflop_per_round=None, mem_estimate_mb=None, xla_temp_mb=None,
-             xla_arg_mb=None, xla_out_mb=None, rss_peak_delta_mb=None, note="")
+             xla_arg_mb=None, xla_out_mb=None, rss_peak_delta_mb=None, device_peak_mb=None,
+             device_peak_exact=None, device_in_use_mb=None, note="")
   row.update(kw)
   return row
 
@@ -109,7 +129,8 @@ def _start_state(s: _Setup) -> None:
   import jax
   from fedjax_inv.core import engine
   C, model, algorithm, kind = s.C, s.model, s.algorithm, s.kind
-  s.data = data = synthetic_pool(C)
+  w = s.workload
+  s.data = data = synthetic_pool(C, w.n_per_client, tuple(w.feature_shape))
   params = model.init(0)
   s.key = key = jax.random.key(0)
   start_state = engine.init_state(algorithm, params, C)
@@ -144,6 +165,16 @@ def _predicted_too_slow(s: _Setup, impl: str, history: dict, warmup: int, rounds
   return None
 
 
+def _while_trips(s: _Setup) -> int:
+  """Trip count of the clients' ``while_loop`` for the FLOP count: the local steps of a
+  ``local_epochs`` recipe (every synthetic client has ``n_per_client`` examples), else 1
+  (no such loop)."""
+  from fedjax_inv.core.client import max_client_steps
+  if getattr(s.algorithm, "local_epochs", None) is None:
+    return 1
+  return max_client_steps(s.algorithm, s.workload.n_per_client)
+
+
 def _compile_impl(s: _Setup, impl: str, strategy: str, mesh, chunk_size, server, cstates):
   """Builds and compiles ``impl``'s round. Returns ``(rf, compile_s, call, memory
   analysis, FLOPs per round, chunk size or None)`` with ``call(state) -> state`` one
@@ -157,21 +188,22 @@ def _compile_impl(s: _Setup, impl: str, strategy: str, mesh, chunk_size, server,
     compile_s = rf.compile(server, cstates, data, key)
     call = lambda st, rf=rf, d=data: rf(st[0], st[1], d, key)[:2]  # noqa: E731
     return (rf, compile_s, call, rf.client_memory(),
-            loop_flops(rf, server, cstates, data, key), None)
+            loop_flops(rf, server, cstates, data, key, _while_trips(s)), None)
   dat = data
   if mesh is not None and C % s.ndev == 0:
     from jax.sharding import NamedSharding, PartitionSpec as P
     dat = jax.device_put(data, NamedSharding(mesh, P("clients")))
   rf = engine.build_round(s.model, s.kind, s.algorithm, C, C, execution=strategy,
-                          chunk_size=chunk_size, mesh=mesh, **_shape_kw())
+                          chunk_size=chunk_size, mesh=mesh, **_shape_kw(s.workload))
   t0 = time.perf_counter()
   compiled = rf.jitted.lower(server, cstates, dat, key).compile()
   compile_s = time.perf_counter() - t0
   call = lambda st, c=compiled, d=dat: c(st[0], st[1], d, key)[:2]  # noqa: E731
   if "engine" not in s.flops_cache:
-    s.flops_cache["engine"] = count_flops(rf.jitted, server, cstates, dat, key)
+    s.flops_cache["engine"] = count_flops(rf.jitted, server, cstates, dat, key,
+                                          while_trips=_while_trips(s))
   chunk = (strategy_lib.largest_divisor_at_most(C, chunk_size or min(C, 64))
-           if strategy == "chunked" else None)
+           if strategy.startswith("chunked") else None)
   return rf, compile_s, call, compiled.memory_analysis(), s.flops_cache["engine"], chunk
 
 
@@ -189,8 +221,9 @@ def _time_impl(s: _Setup, impl: str, strategy: str, sharded: bool, *, chunk_size
   est = None
   if strategy != "loop":
     try:
-      est = memory.check_fits(s.task_model, s.algorithm, C, EXAMPLES_PER_CLIENT,
-                              FEATURE_SHAPE, strategy, chunk_size, num_devices=nd,
+      est = memory.check_fits(s.task_model, s.algorithm, C, workload.n_per_client,
+                              tuple(workload.feature_shape), strategy, chunk_size,
+                              num_devices=nd,
                               capacity_bytes=s.capacity, fraction=fraction)
     except memory.DoesNotFitError as e:
       return _row(workload, C, impl, strategy=strategy,
@@ -199,6 +232,7 @@ def _time_impl(s: _Setup, impl: str, strategy: str, sharded: bool, *, chunk_size
   gc.collect()
   server, cstates = jax.tree.map(lambda a: a.copy() if hasattr(a, "copy") else a,
                                  s.start_state)
+  dev_peak0, _ = _device_memory()
   try:
     rf, compile_s, call, ma, flops, chunk = _compile_impl(s, impl, strategy, mesh,
                                                           chunk_size, server, cstates)
@@ -208,6 +242,7 @@ def _time_impl(s: _Setup, impl: str, strategy: str, sharded: bool, *, chunk_size
     reset_peak_rss()
     _, times = _timed_rounds(call, (server, cstates), warmup, rounds, budget_s)
     peak = peak_rss_bytes()
+    dev_peak, dev_in_use = _device_memory()
   except Exception as e:  # report and go on: one failing impl must not stop the bench
     return _row(workload, C, impl, strategy=strategy,
                 note=f"error: {type(e).__name__}: {str(e)[:300]}"), False
@@ -226,6 +261,9 @@ def _time_impl(s: _Setup, impl: str, strategy: str, sharded: bool, *, chunk_size
       xla_arg_mb=_mb(getattr(ma, "argument_size_in_bytes", None)),
       xla_out_mb=_mb(getattr(ma, "output_size_in_bytes", None)),
       rss_peak_delta_mb=_mb((peak - rss0) if (peak is not None and rss0) else None),
+      device_peak_mb=_mb(dev_peak), device_in_use_mb=_mb(dev_in_use),
+      device_peak_exact=(None if dev_peak is None or dev_peak0 is None
+                         else bool(dev_peak > dev_peak0)),
       note=s.alg_note)
   if impl == "loop":
     row["note"] = ("jit(single-client update) + Python loop; memory columns are one "
@@ -248,18 +286,19 @@ def run_config(workload: Workload, C: int, impls: list[str], *, warmup: int, rou
   and timed rounds exceeds ``max_impl_s``.
   """
   from fedjax_inv.core import memory
+  from fedjax_inv.core import strategy as strategy_lib
 
   task_model = workload.make_model()
   algorithm, alg_note = workload.make_algorithm()
   s = _Setup(workload, C, task_model, algorithm.model_for(task_model), algorithm,
              alg_note, memory.device_memory_bytes())
-  pool_bytes = C * EXAMPLES_PER_CLIENT * (math.prod(FEATURE_SHAPE) + 1) * 4
+  pool_bytes = C * workload.n_per_client * (math.prod(workload.feature_shape) + 1) * 4
   if pool_bytes > 0.35 * s.capacity:
     return [_row(workload, C, i, note=f"skipped: the pool alone is {_mb(pool_bytes)} MB "
                  f"(> 35% of {_mb(s.capacity)} MB device memory)") for i in impls]
   _start_state(s)
   rows = []
-  resolved_auto, auto_chunk = _resolve_auto(s.model, s.kind, algorithm, C)
+  resolved_auto, auto_chunk = _resolve_auto(s.model, s.kind, algorithm, C, workload)
   # With several devices the engine's users get 'vmap' sharded over the clients mesh.
   auto_impl = "sharded" if s.ndev > 1 and resolved_auto == "vmap" else resolved_auto
   order = [i for i in impls if i != "auto"]
@@ -268,8 +307,20 @@ def run_config(workload: Workload, C: int, impls: list[str], *, warmup: int, rou
                  != largest_divisor_at_most(C, chunk_size or min(C, 64)))
   if "auto" in impls and (auto_impl not in order or other_chunk):
     order.append("auto")  # timed on its own unless a fixed row compiles the same round
+  # What `auto` runs goes first: its row then raises the device's peak memory (which JAX
+  # cannot reset) whenever this C needs more than the earlier rows did.
+  first = ("auto" if "auto" in order else
+           auto_impl if "auto" in impls and auto_impl in order else None)
+  if first:
+    order.remove(first)
+    order.insert(0, first)
   measured: dict = {}
   for impl in order:
+    if impl.endswith(strategy_lib.PATCHES) and not memory.uses_convolution(
+        s.model, tuple(workload.feature_shape)):
+      rows.append(_row(workload, C, impl, note="skipped: the model has no convolution, "
+                       "so the patches form is the same round as without it"))
+      continue
     if impl == "sharded" and s.ndev < 2:
       rows.append(_row(workload, C, impl, note=f"skipped: {s.ndev} device (sharding needs "
                        "several; try --host-devices 8 on CPU)"))

@@ -1,11 +1,18 @@
 """The benchmark workloads and plans of ``fedjax-inv bench``: what is timed (a model, an
 algorithm, MNIST-shaped synthetic clients) and at which cohort sizes and implementations.
 
-Workloads (synthetic data of MNIST shape ``[C, 64, 28, 28, 1]``, 10 classes, labels
-uniform: throughput does not depend on the pixel values):
+Workloads (synthetic data, MNIST-shaped ``[C, 64, 28, 28, 1]`` unless said otherwise, 10
+classes, labels uniform: throughput does not depend on the pixel values):
   * ``mlp_fedavg``: FedAvg, MLP 784-128-10, 64 examples per client, 5 local SGD steps of
     batch 32 (FedAvg, McMahan et al. 2017, Alg. 1);
   * ``cnn_fedavg``: the same with the RotatedMNIST ConvNet stand-in ``models.cnn(1)``;
+  * ``cifar10_fedavg`` (``--workloads cifar10``): pfl-research's own CIFAR10 benchmark
+    setting (apple/pfl-research ``benchmarks/image_classification/configs/baseline.yaml``):
+    its "simple CNN" (``benchmarks/cifar10_cnn.py``, 1,626,442 parameters, dropout in
+    training), 50 examples per client of shape ``[32, 32, 3]`` (``mean_datapoints_per_user:
+    50``, constant), 1 local epoch of batch 10 (= 5 steps; ``local_epochs=1``), client SGD
+    lr 0.1, server SGD lr 1.0 (pfl's cohort is 50 of 1,000 users; here pool N = C as for
+    the other workloads);
   * ``mlp_<alg>`` for the heavy algorithms ``fishr_inter_geo``, ``fishr_intra_geo``
     (FedILC Alg. 1/2), ``fediir`` (FedIIR Alg. 1), ``fedsr`` (FedSR §3) when the
     registry knows them.
@@ -25,22 +32,33 @@ EXAMPLES_PER_CLIENT = 64
 FEATURE_SHAPE = (28, 28, 1)
 NUM_CLASSES = 10
 LOCAL = dict(client_lr=0.1, local_steps=5, batch_size=32)
+# pfl-research's CIFAR10 setting: 50 images [32, 32, 3] per user, 1 epoch of batch 10.
+CIFAR10_WORKLOAD = "cifar10_fedavg"
+CIFAR10_FEATURE_SHAPE = (32, 32, 3)
+CIFAR10_EXAMPLES_PER_CLIENT = 50
+CIFAR10_LOCAL = dict(client_lr=0.1, local_epochs=1, batch_size=10)
+CIFAR10_NAMES = ("cifar10", "cifar10_fedavg", "cnn_cifar10", "cnn_cifar10_fedavg")
 
 
 @dataclasses.dataclass(frozen=True)
 class Workload:
-  """One benchmark workload: a model, an algorithm and MNIST-shaped synthetic clients.
+  """One benchmark workload: a model, an algorithm and synthetic clients.
 
   Attributes:
     name: row label, e.g. ``'mlp_fedavg'``.
-    model: ``'mlp'`` (784-128-10) or ``'cnn'`` (``models.cnn(1)``, 32-64-64 channels).
+    model: ``'mlp'`` (784-128-10), ``'cnn'`` (``models.cnn(1)``, 32-64-64 channels) or
+      ``'cifar10_cnn'`` (pfl-research's simple CNN, ``benchmarks/cifar10_cnn.py``).
     algorithm: registry name (``fedjax_inv.algorithms``).
     hparams: keyword arguments for ``make_algorithm`` (local steps, batch size, lr).
+    feature_shape: one example's shape (``[28, 28, 1]``; CIFAR10 ``[32, 32, 3]``).
+    n_per_client: examples per synthetic client (64; CIFAR10 50).
   """
   name: str
   model: str
   algorithm: str
   hparams: tuple = tuple(sorted(LOCAL.items()))
+  feature_shape: tuple = FEATURE_SHAPE
+  n_per_client: int = EXAMPLES_PER_CLIENT
 
   def make_model(self):
     """The workload's ``FunctionalModel`` (10 outputs). ValueError: unknown model."""
@@ -49,7 +67,16 @@ class Workload:
       return models.mlp(784, (128,), NUM_CLASSES)
     if self.model == "cnn":
       return models.cnn(1, num_outputs=NUM_CLASSES)
-    raise ValueError(f"model={self.model!r}; expected 'mlp' or 'cnn'.")
+    if self.model == "cifar10_cnn":
+      from .cifar10_cnn import simple_cnn
+      return simple_cnn(NUM_CLASSES, self.feature_shape)
+    raise ValueError(f"model={self.model!r}; expected 'mlp', 'cnn' or 'cifar10_cnn'.")
+
+  def describe(self) -> dict:
+    """The workload's data and local recipe, for the JSON's meta."""
+    return dict(model=self.model, algorithm=self.algorithm,
+                feature_shape=list(self.feature_shape), n_per_client=self.n_per_client,
+                local=dict(self.hparams))
 
   def make_algorithm(self):
     """The algorithm with the workload's local recipe; falls back to the factory's own
@@ -65,7 +92,8 @@ class Workload:
 
 
 def workloads(names: list[str]) -> list[Workload]:
-  """``Workload`` objects for ``names`` ('mlp', 'cnn', 'heavy' or 'mlp_<algorithm>').
+  """``Workload`` objects for ``names`` ('mlp', 'cnn', 'cifar10', 'heavy' or
+  'mlp_<algorithm>').
 
   Raises:
     ValueError: a name of none of these forms (the message lists them).
@@ -76,14 +104,19 @@ def workloads(names: list[str]) -> list[Workload]:
       out.append(Workload("mlp_fedavg", "mlp", "fedavg"))
     elif n in ("cnn", "cnn_fedavg"):
       out.append(Workload("cnn_fedavg", "cnn", "fedavg"))
+    elif n in CIFAR10_NAMES:
+      out.append(Workload(CIFAR10_WORKLOAD, "cifar10_cnn", "fedavg",
+                          tuple(sorted(CIFAR10_LOCAL.items())), CIFAR10_FEATURE_SHAPE,
+                          CIFAR10_EXAMPLES_PER_CLIENT))
     elif n == "heavy":
       out += [Workload(f"mlp_{a}", "mlp", a) for a in HEAVY_ALGORITHMS]
     elif n.startswith("mlp_") or n.startswith("cnn_"):
       model, alg = n.split("_", 1)
       out.append(Workload(n, model, alg))
     else:
-      raise ValueError(f"--workloads {n!r}: use mlp, cnn, heavy, or mlp_<algorithm> / "
-                       "cnn_<algorithm> with a registered algorithm name.")
+      raise ValueError(f"--workloads {n!r}: use mlp, cnn, cifar10, heavy, or "
+                       "mlp_<algorithm> / cnn_<algorithm> with a registered algorithm "
+                       "name.")
   return out
 
 

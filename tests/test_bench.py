@@ -235,3 +235,83 @@ def test_mlp_step_shapes_and_shape_peak():
   assert flops.measure_shape_peak([(4, 5, 6)], iters=3, reps=1) > 0
   with pytest.raises(ValueError, match="shapes"):
     flops.measure_shape_peak([(4, 0, 6)])
+
+
+def _torch_workload():
+  """benchmarks/peers/torch_workload.py (the pfl side's models; imports torch lazily)."""
+  import importlib.util
+  import pathlib
+  path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "peers" / \
+      "torch_workload.py"
+  spec = importlib.util.spec_from_file_location("_bench_torch_workload", path)
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod
+
+
+def test_cifar10_workload_is_pfls_setting_with_the_same_parameter_count():
+  """`--workloads cifar10` is pfl-research's CIFAR10 setting: its simple CNN with the
+  same parameter count as the torch model bench_pfl.py trains (1,626,442, by hand from the
+  layer shapes when torch is absent), 50 images [32, 32, 3] a client, 1 epoch of batch 10
+  (5 steps) at lr 0.1."""
+  from fedjax_inv.benchmarks import cifar10_cnn
+  from fedjax_inv.core.client import max_client_steps
+  (w,) = workloads.workloads(["cifar10"])
+  assert workloads.workloads(["cnn_cifar10_fedavg"]) == [w]
+  assert (w.name, w.feature_shape, w.n_per_client) == ("cifar10_fedavg", (32, 32, 3), 50)
+  model = w.make_model()
+  params = model.init(0)
+  shapes = sorted(tuple(a.shape) for a in jax.tree.leaves(params))
+  assert shapes == sorted([(3, 3, 3, 32), (32,), (3, 3, 32, 64), (64,), (12544, 128),
+                           (128,), (128, 10), (10,)])
+  by_hand = (3 * 3 * 3 * 32 + 32) + (3 * 3 * 32 * 64 + 64) + (12544 * 128 + 128) + (
+      128 * 10 + 10)
+  n = sum(a.size for a in jax.tree.leaves(params))
+  tw = _torch_workload()
+  assert n == by_hand == cifar10_cnn.PARAMS == tw.EXPECTED_PARAMS["cifar10"] == 1_626_442
+  try:
+    import torch  # noqa: F401
+  except ImportError:
+    pass
+  else:
+    assert tw.param_count(tw.torch_body("cifar10")) == n
+  alg, note = w.make_algorithm()
+  assert note == "" and alg.batch_size == tw.CIFAR10_BATCH == 10
+  assert alg.hparams["client_lr"] == tw.CIFAR10_LR and alg.local_epochs == tw.CIFAR10_EPOCHS
+  assert max_client_steps(alg, w.n_per_client) == 5
+  x = jnp.zeros((2, 32, 32, 3))
+  assert model.apply(params, x).shape == (2, 10)
+  assert getattr(model, "stochastic", False)  # dropout in local training, as in pfl
+
+
+def test_count_flops_counts_while_bodies_by_trip_count():
+  def f(x):
+    return jax.lax.while_loop(lambda c: c[0] < 5, lambda c: (c[0] + 1, c[1] @ c[1]),
+                              (0, x))[1]
+  x = jnp.ones((4, 4))
+  once = flops.count_flops(f, x)
+  assert flops.count_flops(f, x, while_trips=5) == pytest.approx(5 * once)
+  assert once >= 2 * 4 * 4 * 4
+
+
+def test_gpu_side_by_side_table_names_pfls_fastest_layout(tmp_path):
+  from fedjax_inv.benchmarks import side_by_side_table as sbs
+  ours = [dict(workload="cnn_fedavg", clients=1000, impl="auto", strategy="chunked",
+               client_updates_per_s=2000.0, device_peak_mb=900.0, device_peak_exact=True),
+          dict(workload="cnn_fedavg", clients=1000, impl="chunked", strategy="chunked",
+               client_updates_per_s=2000.0, device_peak_mb=900.0, device_peak_exact=True),
+          dict(workload="cnn_fedavg", clients=1000, impl="vmap", strategy="vmap",
+               client_updates_per_s=400.0, device_peak_mb=5000.0, device_peak_exact=False)]
+  pfl = [dict(workload="cnn_fedavg", clients=1000, processes=p, threads=16 // p,
+              dist_backend="gloo" if p > 1 else "pfl", client_updates_per_s=u,
+              device_mem_peak_mb=100.0 * p) for p, u in ((1, 200.0), (4, 500.0), (8, 400.0))]
+  for name, rows in (("a", ours[:1]), ("b", ours[1:]), ("p", pfl)):
+    (tmp_path / f"{name}.json").write_text(json.dumps(dict(meta={}, rows=rows, notes=[])))
+  merged = sbs.merge(str(tmp_path / "ours.json"), [str(tmp_path / "a.json"),
+                                                   str(tmp_path / "b.json"),
+                                                   str(tmp_path / "missing.json")])
+  assert len(merged["rows"]) == 3 and "missing.json" in merged["notes"][0]
+  (tmp_path / "pfl.json").write_text((tmp_path / "p.json").read_text())
+  line = sbs._gpu_main([str(tmp_path)]).splitlines()[2]
+  assert "2,000.0 (chunked)" in line and "500.0 (4 procs x 4 thr, gloo)" in line
+  assert "| 4.00× | 4.00× | 900 / 400 |" in line

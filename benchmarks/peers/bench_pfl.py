@@ -96,6 +96,39 @@ cohort's examples summed over ranks; random cohorts differ in size, so a round's
 follows its draw), ``examples_per_s`` (their ratio of sums), ``versions`` and
 ``machine`` (cpu model, cores).
 
+CIFAR10 workload (``--models cifar10``; ``workload="cifar10_fedavg"``): pfl-research's own
+CIFAR10 benchmark setting (``benchmarks/image_classification/configs/baseline.yaml`` of
+apple/pfl-research, read for this port): its ``simple_cnn`` for (32, 32, 3), 10 classes
+(``torch_workload.cifar10_body``, 1,626,442 parameters, asserted; dropout on in training),
+50 images per user (float32 NHWC, as pfl's CIFAR10 pickles after normalization; here
+uniform [0, 1)), ``NNTrainHyperParams(local_learning_rate=0.1, local_batch_size=10,
+local_num_epochs=1)`` (one pass in stored order: 5 steps of 10), central
+``torch.optim.SGD(lr=1.0)``, ``WeightByUser`` (``weight_by_samples: false``). Each user's
+``Dataset`` holds views of one pool tensor placed on pfl's device once (pfl's benchmark
+converts its arrays with ``to_tensor``, which puts them on the default device); the
+``'minimize_reuse'`` sampler with cohort = pool = C (every client trains once a round, as on
+the fedjax_inv side; pfl's own run samples 50 of 1,000 users at random). Rows as the MLP /
+ConvNet rows.
+
+GPU (``--device cuda``): every worker process shares the one GPU (``PFL_PYTORCH_DEVICE``
+names it for every rank). The client pools live on the device (moved there once, before
+the timed rounds; on the CPU nothing moves). pfl creates its process group with NCCL
+whenever CUDA is available, and NCCL refuses two ranks on one GPU ("Duplicate GPU
+detected"), so ``--dist-backend auto`` (the default) makes a multi-process run on one
+CUDA device use gloo (which all-reduces CUDA tensors) by wrapping
+``torch.distributed.init_process_group`` before pfl is imported; rows record
+``dist_backend``. ``--tf32 off`` (the default) sets ``torch.backends.cuda.matmul.allow_tf32
+= False`` and ``torch.backends.cudnn.allow_tf32 = False`` in every worker (float32-exact
+products and convolutions, as fedjax_inv's ``--precision highest``; torch's own default
+lets cuDNN convolutions use TF32), ``on`` sets both True, ``default`` leaves torch's; rows
+record the flags read back (``tf32``). A CUDA timer synchronizes the device before each
+lap. Rows carry ``device_mem_peak_mb`` (the sum over ranks of
+``torch.cuda.max_memory_allocated()`` at the end of the worker: pool, model, optimizer,
+activations; not the CUDA contexts), ``device_mem_peak_mb_per_rank`` and
+``device_mem_reserved_peak_mb`` (``max_memory_reserved``, summed), and the GPU's name.
+``--json FILE`` is rewritten after every measurement (``meta.partial`` until the end), so
+a run stopped by a time limit keeps the rows it finished.
+
 ``--check-training`` checks, per model: the parameter count and shapes (fedjax_inv's, in
 torch's layout), one pfl round against the same FedAvg round written out in plain torch
 (same batches; max abs difference ~1e-8), and 20 rounds of 10 clients on a learnable
@@ -114,6 +147,8 @@ Usage:
   ... bench_pfl.py --check-training                          (shows that pfl learns)
   ... bench_pfl.py --models femnist --rounds 10 --budget-s 300 --json -   (FEMNIST)
   ... bench_pfl.py --models femnist --femnist-clients 200 --rounds 2    (quick smoke)
+  ... bench_pfl.py --device cuda --configs 1,2,4,8 --models mlp,cnn,cifar10 \\
+      --clients 10,100,1000 --tf32 off --json pfl.json        (GPU, processes per GPU)
 """
 from __future__ import annotations
 
@@ -129,10 +164,69 @@ import tempfile
 import time
 import traceback
 
-from torch_workload import (BATCH, EXPECTED_PARAMS, FEMNIST_BATCH, FEMNIST_LR,
+from torch_workload import (BATCH, CIFAR10_BATCH, CIFAR10_EPOCHS, CIFAR10_LR,
+                            CIFAR10_WORKLOAD, EXPECTED_PARAMS, FEMNIST_BATCH, FEMNIST_LR,
                             FEMNIST_WORKLOAD, LR, N_PER_CLIENT, STEPS, WORKLOADS,
-                            learnable_task, make_data, make_femnist_data,
-                            param_count, to_model_layout, torch_body)
+                            learnable_task, make_cifar10_data, make_data,
+                            make_femnist_data, param_count, to_model_layout, torch_body)
+
+MODELS = tuple(WORKLOADS) + ("femnist", "cifar10")
+
+
+def workload_name(model: str) -> str:
+  return {"femnist": FEMNIST_WORKLOAD, "cifar10": CIFAR10_WORKLOAD}.get(model,
+                                                                          WORKLOADS.get(model))
+
+
+def pfl_device():
+  """pfl's default device (``PFL_PYTORCH_DEVICE``, else CUDA when available, ...)."""
+  from pfl.internal.ops.pytorch_ops import get_default_device
+  return get_default_device()
+
+
+def set_tf32(mode: str) -> dict:
+  """``off``: float32-exact CUDA matmuls and cuDNN convolutions
+  (``torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False``);
+  ``on``: both True; ``default``: torch's own. Returns the flags read back."""
+  import torch
+  if mode in ("off", "on"):
+    torch.backends.cuda.matmul.allow_tf32 = mode == "on"
+    torch.backends.cudnn.allow_tf32 = mode == "on"
+  elif mode != "default":
+    raise ValueError(f"--tf32 {mode!r}: use off, on or default.")
+  out = dict(mode=mode)
+  for name, get in (("matmul_allow_tf32", lambda: torch.backends.cuda.matmul.allow_tf32),
+                    ("cudnn_allow_tf32", lambda: torch.backends.cudnn.allow_tf32),
+                    ("float32_matmul_precision", torch.get_float32_matmul_precision)):
+    try:
+      out[name] = get()
+    except Exception as e:  # noqa: BLE001 - record, never fail on a read-back
+      out[name] = f"unreadable: {type(e).__name__}"
+  return out
+
+
+def force_dist_backend(backend: str) -> None:
+  """Makes pfl's ``torch.distributed.init_process_group(backend=...)`` use ``backend``
+  (call before pfl is imported: pfl creates its process group at import)."""
+  import torch.distributed as td
+  init = td.init_process_group
+
+  def init_process_group(*args, **kw):
+    kw["backend"] = backend
+    return init(*args, **kw)
+
+  td.init_process_group = init_process_group
+
+
+def resolve_dist_backend(choice: str, procs: int, device: str) -> str:
+  """``auto``: gloo for several processes on one CUDA device (NCCL refuses two ranks on
+  one GPU), else ``pfl`` (pfl's own choice: NCCL with CUDA, gloo without). One process
+  makes no process group: always ``pfl``."""
+  if procs == 1:
+    return "pfl"
+  if choice != "auto":
+    return choice
+  return "gloo" if device.startswith("cuda") else "pfl"
 
 # --------------------------------------------------------------------------- shared
 
@@ -186,8 +280,9 @@ def build_pfl(model: str, X, Y, rounds_total: int, seed: int = 0, callbacks=()):
   np.random.seed(seed)
   torch.manual_seed(seed)
   module = build_torch_model(model)
-  X = torch.as_tensor(X)
-  Y = torch.as_tensor(Y).long()
+  dev = pfl_device()  # the pool lives on pfl's device (a no-op on the CPU)
+  X = torch.as_tensor(X).to(dev)
+  Y = torch.as_tensor(Y).long().to(dev)
   calls = [0] * C
 
   def make_dataset_fn(user_id: int):
@@ -195,20 +290,22 @@ def build_pfl(model: str, X, Y, rounds_total: int, seed: int = 0, callbacks=()):
     # (reproducible per (seed, user, call) for the reference check).
     rng = np.random.default_rng((seed, user_id, calls[user_id]))
     calls[user_id] += 1
-    idx = torch.from_numpy(rng.integers(0, N_PER_CLIENT, STEPS * BATCH))
+    idx = torch.from_numpy(rng.integers(0, N_PER_CLIENT, STEPS * BATCH)).to(dev)
     return Dataset((X[user_id, idx], Y[user_id, idx]), user_id=str(user_id))
 
   fd = FederatedDataset(make_dataset_fn, get_user_sampler("minimize_reuse", list(range(C))))
   return (*_fedavg(module, fd, C, rounds_total, LR, BATCH, callbacks), module)
 
 
-def _fedavg(module, fd, cohort: int, rounds_total: int, lr: float, batch: int, callbacks):
+def _fedavg(module, fd, cohort: int, rounds_total: int, lr: float, batch: int, callbacks,
+            by_user: bool = False):
   """``(run, pfl_model)``: pfl's FedAvg over the federated dataset ``fd`` (a central
-  SGD at lr 1.0, data-point weighting, no evaluation before ``rounds_total``), ``cohort``
-  users a round, 1 local epoch of ``batch`` at client lr ``lr``."""
+  SGD at lr 1.0, data-point weighting or, ``by_user``, equal user weights; no evaluation
+  before ``rounds_total``), ``cohort`` users a round, 1 local epoch of ``batch`` at client
+  lr ``lr``."""
   import torch
   from pfl.aggregate.simulate import SimulatedBackend
-  from pfl.aggregate.weighting import WeightByDatapoints
+  from pfl.aggregate.weighting import WeightByDatapoints, WeightByUser
   from pfl.algorithm import FederatedAveraging, NNAlgorithmParams
   from pfl.hyperparam import NNTrainHyperParams
   from pfl.model.pytorch import PyTorchModel
@@ -216,7 +313,8 @@ def _fedavg(module, fd, cohort: int, rounds_total: int, lr: float, batch: int, c
   pfl_model = PyTorchModel(model=module, local_optimizer_create=torch.optim.SGD,
                            central_optimizer=torch.optim.SGD(params, lr=1.0))
   backend = SimulatedBackend(training_data=fd, val_data=fd,
-                             postprocessors=[WeightByDatapoints()])
+                             postprocessors=[WeightByUser() if by_user
+                                             else WeightByDatapoints()])
   algo = FederatedAveraging()
   algo_params = NNAlgorithmParams(central_num_iterations=rounds_total,
                                   evaluation_frequency=rounds_total + 1,
@@ -230,6 +328,36 @@ def _fedavg(module, fd, cohort: int, rounds_total: int, lr: float, batch: int, c
                     send_metrics_to_platform=False)
 
   return run, pfl_model
+
+
+def build_pfl_cifar10(X, Y, rounds_total: int, seed: int = 0, callbacks=()):
+  """pfl-research's CIFAR10 setting over the pool (X float32 [C, 50, 32, 32, 3] NHWC, Y
+  int64 [C, 50]): ``simple_cnn``, cohort = pool = C ('minimize_reuse' sampler), each user
+  a ``Dataset`` of views into the device-resident pool, 1 epoch of batch 10 at lr 0.1,
+  central SGD lr 1.0, ``WeightByUser``. Returns ``(run, pfl_model, torch_module)``."""
+  import numpy as np
+  import torch
+  from pfl.data.dataset import Dataset
+  from pfl.data.federated_dataset import FederatedDataset
+  from pfl.data.sampling import get_user_sampler
+
+  C = X.shape[0]
+  np.random.seed(seed)
+  torch.manual_seed(seed)
+  module = build_torch_model("cifar10")
+  n = param_count(module)
+  assert n == EXPECTED_PARAMS["cifar10"], f"cifar10 simple_cnn has {n} parameters"
+  dev = pfl_device()
+  X = torch.as_tensor(X).to(dev)
+  Y = torch.as_tensor(Y).long().to(dev)
+
+  def make_dataset_fn(user_id: int):
+    return Dataset((X[user_id], Y[user_id]), user_id=str(user_id))
+
+  fd = FederatedDataset(make_dataset_fn, get_user_sampler("minimize_reuse", list(range(C))))
+  assert CIFAR10_EPOCHS == 1
+  return (*_fedavg(module, fd, C, rounds_total, CIFAR10_LR, CIFAR10_BATCH, callbacks,
+                   by_user=True), module)
 
 
 def build_pfl_femnist(pool: dict, cohort: int, rounds_total: int, seed: int = 0,
@@ -268,6 +396,9 @@ def femnist_pool(num_clients: int, seed: int = 0) -> dict:
   import torch
   x, y, offsets = make_femnist_data(num_clients, seed)
   X, Y = torch.from_numpy(x), torch.from_numpy(y)  # share the numpy memory
+  dev = pfl_device()
+  if dev.type != "cpu":  # the pool on the device once (views of it per writer)
+    X, Y = X.to(dev), Y.to(dev)
   return {f"f{i:04d}_{i % 100:02d}": (X[int(offsets[i]):int(offsets[i + 1])],
                                       Y[int(offsets[i]):int(offsets[i + 1])])
           for i in range(num_clients)}
@@ -307,6 +438,9 @@ def worker_main(a) -> int:
   import torch
   if a.threads > 0:
     torch.set_num_threads(a.threads)
+  tf32 = set_tf32(a.tf32)
+  if a.dist_backend in ("gloo", "nccl"):
+    force_dist_backend(a.dist_backend)  # before pfl creates its process group at import
   from pfl.callback.base import TrainingProcessCallback
   from pfl.internal.ops import pytorch_ops
   from pfl.metrics import Metrics
@@ -314,10 +448,13 @@ def worker_main(a) -> int:
   dist = pytorch_ops.distributed  # created at import from PFL_WORKER_* (or single process)
   t0 = a.t0 if a.t0 is not None else time.time()  # the launcher's time at Popen
   femnist = a.model == "femnist"
+  cuda = pfl_device().type == "cuda"
   seen = []  # femnist: sizes of the writers this rank trains, in order
   if femnist:
     pool = femnist_pool(a.femnist_clients, a.seed)
     examples = sum(len(v[1]) for v in pool.values())
+  elif a.model == "cifar10":
+    X, y = make_cifar10_data(a.clients, a.seed)
   else:
     x, y = make_data(a.clients, a.seed)
     X = to_model_layout(a.model, x)
@@ -337,6 +474,8 @@ def worker_main(a) -> int:
       return Metrics()
 
     def after_central_iteration(self, aggregate_metrics, model, *, central_iteration):
+      if cuda:
+        torch.cuda.synchronize()  # the round's kernels are done
       now = time.perf_counter()
       self.laps.append(now - self.t)
       self.examples.append(sum(seen) - self.seen_before)  # this rank's, this round
@@ -356,16 +495,27 @@ def worker_main(a) -> int:
   if femnist:
     run, _, module = build_pfl_femnist(pool, a.clients, first_rounds + a.rounds, a.seed,
                                        [timer], seen)
+  elif a.model == "cifar10":
+    run, _, module = build_pfl_cifar10(X, y, first_rounds + a.rounds, a.seed, [timer])
   else:
     run, _, module = build_pfl(a.model, X, y, first_rounds + a.rounds, a.seed, [timer])
   setup_s = time.time() - t0
+  if cuda:
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()  # the peak of the training, pool and model included
   run()
   laps = timer.laps
+  mem = {}
+  if cuda:
+    mem = dict(device_mem_peak_bytes=torch.cuda.max_memory_allocated(),
+               device_mem_reserved_peak_bytes=torch.cuda.max_memory_reserved(),
+               gpu=torch.cuda.get_device_name())
   res = dict(rank=dist.global_rank, world=dist.world_size, threads=torch.get_num_threads(),
              params=param_count(module), first_round_s=laps[0],
              timed=laps[first_rounds:], ru_maxrss_kb=resource.getrusage(
                  resource.RUSAGE_SELF).ru_maxrss, setup_s=setup_s,
-             first_round_at_s=timer.first_round_at, **versions())
+             first_round_at_s=timer.first_round_at, device=str(pfl_device()), tf32=tf32,
+             dist_backend=a.dist_backend, **mem, **versions())
   if femnist:
     res.update(examples=examples, writers=len(pool),
                timed_examples=timer.examples[first_rounds:len(laps)])
@@ -420,7 +570,9 @@ def launch(model: str, C: int, procs: int, threads: int, a) -> list[dict]:
       cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--model", model,
              "--clients", str(C), "--threads", str(threads), "--warmup", str(a.warmup),
              "--rounds", str(a.rounds), "--budget-s", str(a.budget_s), "--seed",
-             str(a.seed), "--femnist-clients", str(a.femnist_clients), "--out", out]
+             str(a.seed), "--femnist-clients", str(a.femnist_clients), "--out", out,
+             "--tf32", a.tf32, "--dist-backend",
+             resolve_dist_backend(a.dist_backend, procs, a.device)]
       log = open(os.path.join(tmp, f"rank{r}.log"), "w")
       cmd += ["--t0", repr(time.time())]  # the worker's process start, for setup_s
       children.append((subprocess.Popen(cmd, env=e, stdout=log, stderr=subprocess.STDOUT),
@@ -459,6 +611,22 @@ def launch(model: str, C: int, procs: int, threads: int, a) -> list[dict]:
     return results
 
 
+def device_fields(results: list[dict]) -> dict:
+  """The GPU fields of a row: device, process-group backend, TF32 flags, and the device
+  memory peaks (summed over ranks; None on the CPU)."""
+  r0 = min(results, key=lambda r: r["rank"])
+  peaks = [r.get("device_mem_peak_bytes") for r in results]
+  have = all(p is not None for p in peaks)
+  mb = lambda b: round(b / 2 ** 20, 1)  # noqa: E731
+  return dict(device=r0.get("device"), gpu=r0.get("gpu"), tf32=r0.get("tf32"),
+              dist_backend=r0.get("dist_backend"),
+              device_mem_peak_mb=mb(sum(peaks)) if have else None,
+              device_mem_peak_mb_per_rank=[mb(p) for p in peaks] if have else None,
+              device_mem_reserved_peak_mb=(
+                  mb(sum(r["device_mem_reserved_peak_bytes"] for r in results))
+                  if have else None))
+
+
 def make_row(model: str, C: int, procs: int, results: list[dict]) -> dict:
   r0 = min(results, key=lambda r: r["rank"])
   n = min(len(r["timed"]) for r in results)
@@ -470,17 +638,20 @@ def make_row(model: str, C: int, procs: int, results: list[dict]) -> dict:
             f"{procs} procs x {t} thread{'s' * (t > 1)}")
   impl = f"pfl {r0['pfl']} (torch {r0['torch'].split('+')[0]}, {layout})"
   rss = sum(r["ru_maxrss_kb"] for r in results) / 1024.0
+  recipe = (f"cifar10 simple_cnn, 50 examples a user, 1 epoch of batch {CIFAR10_BATCH}, lr "
+            f"{CIFAR10_LR}, WeightByUser; " if model == "cifar10" else "")
   note = (f"pfl FederatedAveraging + SimulatedBackend, PyTorchModel, in-memory Dataset; "
-          f"{procs} process{'es' * (procs > 1)} x torch.set_num_threads({t})"
+          f"{recipe}{procs} process{'es' * (procs > 1)} x torch.set_num_threads({t})"
           + ("; multi-process via PFL_WORKER_ADDRESSES (gloo all-reduce)" if procs > 1
              else "") + f"; {r0['params']} params; first round includes pfl's iteration-0 "
           "per-user evaluation")
-  return dict(source="peer", workload=WORKLOADS[model], model=model, algorithm="fedavg",
-              clients=C, pool=C, impl=impl, strategy=None, chunk_size=None,
-              rounds_timed=len(times), round_s=med, round_s_min=min(times),
+  return dict(source="peer", workload=workload_name(model), model=model,
+              algorithm="fedavg", clients=C, pool=C, impl=impl, strategy=None,
+              chunk_size=None, rounds_timed=len(times), round_s=med, round_s_min=min(times),
               round_s_max=max(times), client_updates_per_s=C / med,
               compile_s=max(0.0, first - med), first_round_s=first, rss_peak_mb=rss,
-              processes=procs, threads=t, ratio_vs_loop=None, note=note)
+              processes=procs, threads=t, params=r0["params"], ratio_vs_loop=None,
+              **device_fields(results), note=note)
 
 
 def make_femnist_row(C: int, procs: int, results: list[dict]) -> dict:
@@ -518,7 +689,7 @@ def make_femnist_row(C: int, procs: int, results: list[dict]) -> dict:
               rss_peak_mb=sum(r["ru_maxrss_kb"] for r in results) / 1024.0,
               processes=procs, threads=t, params=r0["params"],
               versions={k: r0[k] for k in ("pfl", "torch", "numpy")}, machine=machine(),
-              note=note)
+              **device_fields(results), note=note)
 
 
 def bench_main(a) -> int:
@@ -528,12 +699,23 @@ def bench_main(a) -> int:
   clients = [int(c) for c in a.clients.split(",") if c]
   models = [m for m in a.models.split(",") if m]
   rows, notes = [], []
+  meta = dict(python=platform.python_version(), cpu_count=cores,
+              cpu=machine()["cpu"], device=a.device, tf32=a.tf32,
+              dist_backend=a.dist_backend, command=" ".join(sys.argv), **versions())
+
+  def write(partial: bool):
+    if a.json and a.json != "-":
+      tmp = a.json + ".tmp"
+      with open(tmp, "w") as f:
+        f.write(json.dumps(dict(meta=dict(meta, partial=partial), rows=rows, notes=notes),
+                           indent=1))
+      os.replace(tmp, a.json)
+
   for spec in specs:
     procs, threads = parse_config(spec, cores)
     for model in models:
-      if model not in WORKLOADS and model != "femnist":
-        notes.append(f"unknown model {model!r}; choose from {list(WORKLOADS)} or "
-                     "'femnist'")
+      if model not in MODELS:
+        notes.append(f"unknown model {model!r}; choose from {list(MODELS)}")
         continue
       last = None
       for C in ([a.femnist_cohort] if model == "femnist" else clients):
@@ -553,8 +735,8 @@ def bench_main(a) -> int:
           notes.append(f"pfl {spec} {model}: C={C} failed: {type(e).__name__}: {e}\n"
                        f"{traceback.format_exc(limit=2)}")
           break
-  meta = dict(python=platform.python_version(), cpu_count=cores,
-              cpu=machine()["cpu"], **versions())
+        finally:
+          write(partial=True)  # a run stopped by a time limit keeps what it measured
   try:
     meta["loadavg"] = os.getloadavg()
   except OSError:
@@ -564,8 +746,7 @@ def bench_main(a) -> int:
   if a.json == "-":
     print(text)
   elif a.json:
-    with open(a.json, "w") as f:
-      f.write(text)
+    write(partial=False)
   else:
     for r in rows:
       print(f"{r['workload']:14s} {r['impl']:40s} C={r.get('C', r['clients']):<6d} "
@@ -642,6 +823,29 @@ def femnist_check(a) -> dict:
   return c
 
 
+def cifar10_check(a) -> dict:
+  """CIFAR10: the parameter count and shapes, and 2 pfl rounds of 4 clients that move
+  the weights (no torch reference round: its dropout masks would differ)."""
+  import torch
+  x, y = make_cifar10_data(4, a.seed)
+  run, _, module = build_pfl_cifar10(x, y, 2, a.seed)
+  before = torch.nn.utils.parameters_to_vector(module.parameters()).detach().clone()
+  t0 = time.perf_counter()
+  run()
+  secs = time.perf_counter() - t0
+  moved = float((torch.nn.utils.parameters_to_vector(module.parameters()).detach()
+                 - before).abs().max())
+  n = param_count(module)
+  c = dict(model="cifar10", params=n, expected_params=EXPECTED_PARAMS["cifar10"],
+           param_shapes=[tuple(p.shape) for p in module.parameters()], clients=4,
+           rounds=2, max_abs_change=moved, train_seconds=secs)
+  c["ok"] = n == EXPECTED_PARAMS["cifar10"] and moved > 0
+  print(f"cifar10: {n} params (expected {EXPECTED_PARAMS['cifar10']}) "
+        f"{c['param_shapes']}\n  2 rounds x 4 clients: max |change| {moved:.2e} "
+        f"({secs:.1f} s)  {'OK' if c['ok'] else 'FAIL'}", file=sys.stderr, flush=True)
+  return c
+
+
 def check_main(a) -> int:
   import torch
   if a.threads > 0:
@@ -651,8 +855,8 @@ def check_main(a) -> int:
   out = dict(meta=dict(python=platform.python_version(), **versions()), checks=[])
   ok = True
   for model in [m for m in a.models.split(",") if m]:
-    if model == "femnist":  # no torch reference round: dropout draws differ
-      c = femnist_check(a)
+    if model in ("femnist", "cifar10"):  # no torch reference round: dropout draws differ
+      c = femnist_check(a) if model == "femnist" else cifar10_check(a)
       ok &= c["ok"]
       out["checks"].append(c)
       continue
@@ -715,8 +919,10 @@ def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--clients", default="10,100", help="comma list of cohort sizes")
   p.add_argument("--models", default="mlp,cnn",
-                 help="comma list from mlp,cnn,femnist (femnist: the FEMNIST FedAvg "
-                      "workload; it ignores --clients, see --femnist-*)")
+                 help="comma list from mlp,cnn,femnist,cifar10 (femnist: the FEMNIST FedAvg "
+                      "workload; it ignores --clients, see --femnist-*; cifar10: "
+                      "pfl-research's own CIFAR10 setting, simple_cnn, 50 images a user, 1 "
+                      "epoch of batch 10)")
   p.add_argument("--femnist-clients", type=int, default=3400,
                  help="femnist: writers in the pool (sizes femnist_sizes(N, seed))")
   p.add_argument("--femnist-cohort", type=int, default=10,
@@ -736,6 +942,15 @@ def main(argv=None) -> int:
   p.add_argument("--timeout-s", type=float, default=1800.0,
                  help="per (config, model, C) measurement")
   p.add_argument("--device", default="cpu", help="PFL_PYTORCH_DEVICE for the workers")
+  p.add_argument("--tf32", default="off", choices=("off", "on", "default"),
+                 help="CUDA float32 arithmetic in every worker: off = "
+                      "torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn."
+                      "allow_tf32 = False (float32-exact, the default), on = both True, "
+                      "default = torch's own (cuDNN convolutions in TF32)")
+  p.add_argument("--dist-backend", default="auto", choices=("auto", "pfl", "gloo", "nccl"),
+                 help="torch.distributed backend of a multi-process run: auto = gloo for "
+                      "several processes on one CUDA device (NCCL refuses two ranks on "
+                      "one GPU), else pfl's own choice (pfl)")
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--json", default=None, help="write JSON here ('-' = stdout)")
   p.add_argument("--check-training", action="store_true",

@@ -22,6 +22,19 @@ al.'s EMNIST CNN as ``fedjax_inv.models.federated.femnist_cnn``: Conv 3x3 32 (va
 Dropout 0.5 -> Dense 62 (1,206,590 parameters; Glorot-uniform kernels, zero biases; torch
 flattens NCHW where fedjax_inv flattens NHWC, the same shapes otherwise). Its first layer
 turns the uint8 batch into float32 / 255, so the pool stays uint8 in memory.
+
+CIFAR10 workload (``cifar10_fedavg``; ``bench_pfl.py --models cifar10``): pfl-research's
+own CIFAR10 benchmark setting (apple/pfl-research ``benchmarks/image_classification/
+configs/baseline.yaml``: ``model_name: simple_cnn``, ``cohort_size: 50``,
+``mean_datapoints_per_user: 50`` constant, ``local_batch_size: 10``, ``local_num_epochs:
+1``, ``local_learning_rate: 0.1``, central SGD ``learning_rate: 1.0``, ``weight_by_samples:
+false``). Model ``cifar10`` = ``simple_cnn((32, 32, 3), 10)`` of pfl-research's
+``benchmarks/model/pytorch/cnn.py``, copied layer for layer (Transpose2D NHWC -> NCHW, Conv
+3x3 3->32, ReLU, Conv 3x3 32->64, ReLU, MaxPool 2, Dropout 0.25, Flatten 12,544, Linear
+128, ReLU, Dropout 0.5, Linear 10; Glorot-uniform weights, torch's default biases):
+1,626,442 parameters, as ``benchmarks/cifar10_cnn.py`` on the fedjax_inv side. Data
+(``make_cifar10_data``): 50 float32 images [32, 32, 3] (NHWC, as pfl's CIFAR10 pickles)
+uniform in [0, 1) per client, 10 uniform labels (int64).
 """
 from __future__ import annotations
 
@@ -32,7 +45,19 @@ LR = 0.1
 NUM_CLASSES = 10
 WORKLOADS = {"mlp": "mlp_fedavg", "cnn": "cnn_fedavg"}
 EXPECTED_PARAMS = {"mlp": 784 * 128 + 128 + 128 * 10 + 10, "cnn": 56_394,
-                   "femnist": 1_206_590}
+                   "femnist": 1_206_590,
+                   # conv 3->32, conv 32->64, dense 12544->128, dense 128->10
+                   "cifar10": (27 * 32 + 32) + (288 * 64 + 64) + (12_544 * 128 + 128)
+                   + (128 * 10 + 10)}
+
+# pfl-research's CIFAR10 benchmark (baseline.yaml): 50 images a user, 1 epoch of batch 10,
+# client SGD lr 0.1, central SGD lr 1.0, users weighted equally.
+CIFAR10_WORKLOAD = "cifar10_fedavg"
+CIFAR10_N = 50
+CIFAR10_BATCH = 10
+CIFAR10_EPOCHS = 1
+CIFAR10_LR = 0.1
+CIFAR10_SHAPE = (32, 32, 3)
 
 # FEMNIST FedAvg (Reddi et al. 2021 App. D): 10 writers a round from 3,400, 1 local epoch
 # of batch 20, client SGD lr 0.1, server SGD lr 1.0, weighted by examples.
@@ -51,6 +76,16 @@ def make_data(C: int, seed: int = 0):
   rng = np.random.default_rng(seed)
   x = rng.random((C, N_PER_CLIENT, 28, 28, 1), dtype=np.float32)
   y = rng.integers(0, NUM_CLASSES, (C, N_PER_CLIENT)).astype(np.int32)
+  return x, y
+
+
+def make_cifar10_data(C: int, seed: int = 0):
+  """CIFAR10-shaped synthetic clients: x [C, 50, 32, 32, 3] (NHWC) float32 uniform in
+  [0, 1), y [C, 50] int64 uniform in 0..9."""
+  import numpy as np
+  rng = np.random.default_rng([int(seed), 0xC1FA])
+  x = rng.random((C, CIFAR10_N) + CIFAR10_SHAPE, dtype=np.float32)
+  y = rng.integers(0, NUM_CLASSES, (C, CIFAR10_N)).astype(np.int64)
   return x, y
 
 
@@ -143,17 +178,44 @@ def femnist_body():
   return nn.Sequential(*layers)
 
 
+def cifar10_body():
+  """pfl-research's ``simple_cnn((32, 32, 3), 10)`` (``benchmarks/model/pytorch/cnn.py``)
+  without its ``loss`` / ``metrics`` methods (``bench_pfl.py`` wraps every body in the same
+  classifier): 1,626,442 parameters."""
+  import torch
+  from torch import nn
+
+  class Transpose2D(nn.Module):  # pfl-research benchmarks/model/pytorch/layer.py
+
+    def forward(self, inputs):
+      return inputs.permute((0, 3, 1, 2))
+
+  h, _, c = CIFAR10_SHAPE
+  flatten = ((h - 4) // 2) ** 2 * 64
+  model = nn.Sequential(Transpose2D(), nn.Conv2d(c, 32, kernel_size=(3, 3)), nn.ReLU(),
+                        nn.Conv2d(32, 64, kernel_size=(3, 3)), nn.ReLU(),
+                        nn.MaxPool2d((2, 2)), nn.Dropout(0.25), nn.Flatten(),
+                        nn.Linear(flatten, 128), nn.ReLU(), nn.Dropout(0.5),
+                        nn.Linear(128, NUM_CLASSES))
+  for m in model.modules():  # "Apply Glorot (Xavier) uniform initialization" (as pfl)
+    if isinstance(m, (nn.Conv2d, nn.Linear)):
+      torch.nn.init.xavier_uniform_(m.weight)
+  return model
+
+
 def torch_body(model: str):
-  """The ``torch.nn`` module of ``model`` ('mlp', 'cnn' or 'femnist'; ValueError
-  otherwise)."""
+  """The ``torch.nn`` module of ``model`` ('mlp', 'cnn', 'femnist' or 'cifar10';
+  ValueError otherwise)."""
   from torch import nn
 
   if model == "femnist":
     return femnist_body()
+  if model == "cifar10":
+    return cifar10_body()
   if model == "mlp":
     return nn.Sequential(nn.Linear(784, 128), nn.ReLU(), nn.Linear(128, NUM_CLASSES))
   if model != "cnn":
-    raise ValueError(f"model={model!r}; expected 'mlp', 'cnn' or 'femnist'.")
+    raise ValueError(f"model={model!r}; expected 'mlp', 'cnn', 'femnist' or 'cifar10'.")
 
   class GlobalMax(nn.Module):
 

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# One device call: what `--precision` changes on a GPU. (1) Speed: `fedjax-inv bench` of the
+# MLP and the ConvNet FedAvg round at C=1000, `auto`, under `highest` (float32) and `tf32`.
+# (2) Accuracy: one reproduction row, FedGMA's FedRotMNIST row with FedAvg (spec group
+# `full`, 3 seeds, 100 rounds), under both, as two processes sharing the GPU. Every
+# (run, seed) record is written as it finishes; records go to $OUT/precision.tgz (device
+# tool) or $1. Estimate on an H100/H200 (the `full` group's 15 rows took <= 470 s together
+# in one call): bench ~2 x 70 s, the two row processes ~3-4 min: about 6-7 min in all.
+#   bash benchmarks/gpu/precision_call.sh [OUT]     Env: LIMIT=240 PYTHON= DRY=1 (CPU check:
+#   2 rounds, C=10, seed 0 only)
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+dest=${1:-${OUT:?set OUT or pass a folder}}
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
+PYTHON=${PYTHON:-python3}
+limit=${LIMIT:-240}
+clients=1000 rounds=100 seeds=0,1,2
+if [ -n "${DRY:-}" ]; then clients=10 rounds=2 seeds=0; fi
+r=$(mktemp -d /tmp/precision.XXXXXX)
+$PYTHON -c "import jax, platform; print('jax', jax.__version__, 'python', platform.python_version(), jax.devices())" > "$r/env.txt" 2>&1
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >> "$r/env.txt" 2>/dev/null
+start=$(date +%s)
+for p in highest tf32; do
+  timeout "$limit" $PYTHON -m fedjax_inv.cli bench --workloads mlp,cnn --clients "$clients" \
+    --impls auto --rounds 3 --precision "$p" --no-matmul-peak --json "$r/bench_$p.json" \
+    > "$r/bench_$p.out" 2>&1
+done
+# The row, once per precision: a copy of the spec with the precision (and, DRY, 2 rounds)
+# in its base settings, beside the original so that its relative paths still hold.
+for p in highest tf32; do
+  spec=experiments/fedgma/.precision_$p.yaml
+  sed -e "s/^base:$/base:\n  precision: $p/" \
+      ${DRY:+-e "s/config: {rounds: 100, last_k: 20}/config: {rounds: $rounds, last_k: 1}/"} \
+      experiments/fedgma/spec.yaml > "$spec"
+  timeout "$limit" $PYTHON -m fedjax_inv.cli experiment "$spec" --out "$r/row_$p" \
+    --where group=full --where row=fed_rotmnist --where method=fedavg --seeds "$seeds" \
+    > "$r/row_$p.out" 2>&1 &
+done
+wait
+rm -f experiments/fedgma/.precision_highest.yaml experiments/fedgma/.precision_tf32.yaml
+echo "wall $(( $(date +%s) - start )) s" >> "$r/env.txt"
+tar czf "$r.tgz" -C "$r" . && mkdir -p "$dest" && mv "$r.tgz" "$dest/precision.tgz"
+cat "$r/env.txt"; tail -n 3 "$r"/*.out
