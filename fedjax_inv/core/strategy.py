@@ -55,6 +55,8 @@ def conv_form(form: str):
 def current_conv_form() -> str:
   """The convolution form in force (:func:`conv_form`; 'lax' outside any block)."""
   return _CONV_FORM.get()
+
+
 # Under 'scan', the pre-stage (messages at the shared global model: forward passes, no
 # per-client weights) runs vmapped in chunks of this many clients, so a forward pass
 # batches into one larger matmul (measured, fishr_inter_geo C=200 on 2 CPU cores:
