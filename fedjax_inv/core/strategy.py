@@ -32,6 +32,13 @@ def split_execution(execution: str) -> tuple[str, str]:
   return execution, "lax"
 
 
+def execution_name(round_fn) -> str:
+  """The ``execution`` name that rebuilds a round: its ``execution`` attribute
+  (``engine.build_round``'s rounds: 'vmap+patches', 'scan', ...), else its ``strategy``
+  (a round object built another way, which names only that)."""
+  return getattr(round_fn, "execution", round_fn.strategy)
+
+
 _CONV_FORM = contextvars.ContextVar("fedjax_inv_conv_form", default="lax")
 
 

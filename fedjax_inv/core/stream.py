@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_inv.core import strategy as strategy_lib
 from fedjax_inv.core.data import ClientData
 from fedjax_inv.core.packed import PackedPool, bucket_width
 
@@ -167,7 +168,7 @@ class StreamedRound:
     self.split = split
     self._workers = concurrent.futures.ThreadPoolExecutor(2) if split else None
     self.strategy, self.chunk_size = round_fn.strategy, round_fn.chunk_size
-    self.execution = getattr(round_fn, "execution", round_fn.strategy)
+    self.execution = strategy_lib.execution_name(round_fn)
     self.store = ClientStateStore(init_states, pool.num_clients, state_budget_bytes)
     self.widths: set[int] = set()
     self._round: int | None = None

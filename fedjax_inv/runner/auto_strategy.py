@@ -47,6 +47,7 @@ import time
 import jax
 import jax.numpy as jnp
 
+from fedjax_inv.core import strategy as strategy_lib
 from fedjax_inv.runner import outputs
 
 MEASURE_MIN_ROUNDS = 50
@@ -71,7 +72,6 @@ def candidates(cohort: int, model, feature_shape, backend: str | None = None) ->
   that has convolutions (``core.memory.uses_convolution``) each batched one again with
   its convolutions in the patches form ('vmap+patches', 'chunked+patches')."""
   from fedjax_inv.core import memory
-  from fedjax_inv.core import strategy as strategy_lib
   out = ["scan", "vmap"] + (["chunked"] if cohort > CHUNK_MIN_COHORT else [])
   if ((backend or jax.default_backend()) in PATCHES_BACKENDS
       and memory.uses_convolution(model, feature_shape)):
@@ -178,11 +178,6 @@ def measure(build, candidates, server, cstates, data, rounds: int = PROBE_ROUNDS
   return built, {c: statistics.median(v) for c, v in times.items()}
 
 
-def _name(round_fn) -> str:
-  """A built round's strategy as the ``execution`` name that rebuilds it."""
-  return getattr(round_fn, "execution", round_fn.strategy)
-
-
 def choose(mode: str, task, model, algorithm, cohort: int, rounds: int, build,
            server, cstates, num_devices: int = 1, stream=None) -> tuple:
   """The run's round function and its record (module docstring).
@@ -214,7 +209,8 @@ def choose(mode: str, task, model, algorithm, cohort: int, rounds: int, build,
   stream = stream or sys.stderr
   if mode == "rule":
     fn = build("auto")
-    return fn, {"chosen": _name(fn), "by": "rule", "seconds_per_round": {}}
+    return fn, {"chosen": strategy_lib.execution_name(fn), "by": "rule",
+                "seconds_per_round": {}}
   key = round_key(task, model, algorithm, cohort, num_devices)
   hit = cached(key) if mode == "auto" else None
   if hit is not None:
@@ -229,7 +225,7 @@ def choose(mode: str, task, model, algorithm, cohort: int, rounds: int, build,
                    "seconds_per_round": hit["seconds_per_round"], "cache": str(cache_path())}
   if mode == "auto" and rounds < MEASURE_MIN_ROUNDS:
     fn = build("auto")
-    return fn, {"chosen": _name(fn), "by": "rule", "seconds_per_round": {},
+    return fn, {"chosen": strategy_lib.execution_name(fn), "by": "rule", "seconds_per_round": {},
                 "why": f"{rounds} rounds < {MEASURE_MIN_ROUNDS}: too short to pay for "
                        "measuring (fixed rule)"}
   built, times = measure(build, candidates(cohort, model, task.train.feature_shape),

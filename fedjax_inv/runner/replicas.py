@@ -27,6 +27,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from fedjax_inv.core import strategy as strategy_lib
 from fedjax_inv.runner import simulation
 from fedjax_inv.core.algorithm import HPARAMS
 from fedjax_inv.core.engine import init_state
@@ -48,7 +49,7 @@ def batched_round(round_fn, per_replica_data: bool = False):
                    donate_argnums=(1,))
   vround.jitted = vround
   vround.strategy = round_fn.strategy
-  vround.execution = getattr(round_fn, "execution", round_fn.strategy)
+  vround.execution = strategy_lib.execution_name(round_fn)
   return vround
 
 

@@ -16,6 +16,7 @@ from fedjax_inv.runner import auto_strategy, checkpoint
 from fedjax_inv.runner.config import PRECISIONS
 from fedjax_inv.privacy import client_dp as privacy
 from fedjax_inv.core import multihost
+from fedjax_inv.core import strategy as strategy_lib
 from fedjax_inv.core.data import padding_overhead
 from fedjax_inv.core.engine import build_round, client_mesh, init_state
 from fedjax_inv.eval import build_evaluator, summarize
@@ -864,8 +865,7 @@ def train_loop(p, round_fn, data, server, cstates, keys, *, tasks, algorithm, ba
   if multi:
     server = multihost.to_host(server)
   # the strategy as one name ('vmap+patches' for the patches form of the convolutions)
-  return reps.results(p, server, getattr(round_fn, "execution", round_fn.strategy), seconds,
-                      p.probe,
+  return reps.results(p, server, strategy_lib.execution_name(round_fn), seconds, p.probe,
                       timing=prog.timing() if prog.compile_s is not None else None)
 
 
