@@ -229,6 +229,29 @@ def test_a_measured_patches_choice_runs_records_and_pins(monkeypatch, own_cache)
   chex.assert_trees_all_close(res.params, plain.params, rtol=1e-5, atol=1e-6)
 
 
+def test_the_fixed_rule_takes_the_patches_form_for_a_convnet_on_a_gpu(monkeypatch,
+                                                                      tiny_binary):
+  """'auto' by the fixed rule (as a streamed pool or a short run takes it), where the
+  client axis is vmapped (a GPU: here the engine's resolution and the patches backends
+  are pointed at the CPU): a ConvNet runs 'vmap+patches', the same compiled round as a run
+  pinned to it, bit for bit; a dense model keeps 'vmap'."""
+  from fedjax_inv.core import engine, memory
+  monkeypatch.setattr(memory, "CONV_PATCHES_BACKENDS", ("cpu",))
+  plain = engine.resolve_strategy
+  monkeypatch.setattr(engine, "resolve_strategy",
+                      lambda e, c, *a, **k: "vmap" if e == "auto" else plain(e, c, *a, **k))
+  task, alg = _image_task(), make_algorithm("fedavg", **ALG)
+  kw = dict(KW, clients_per_round=4)
+  res = simulation.run(task, alg, rounds=2, execution="rule", **kw)
+  assert res.strategy == "vmap+patches"
+  assert res.probe["by"] == "rule" and res.probe["chosen"] == "vmap+patches"
+  pinned = simulation.run(task, alg, rounds=2, execution="vmap+patches", **kw)
+  for a, b in zip(jax.tree.leaves(pinned.params), jax.tree.leaves(res.params)):
+    np.testing.assert_array_equal(a, b)
+  dense = simulation.run(_task(tiny_binary), alg, rounds=1, execution="rule", **KW)
+  assert dense.strategy == "vmap"
+
+
 def test_a_patches_name_is_refused_for_scan_before_anything_compiles(tiny_binary):
   with pytest.raises(ValueError, match="scan\\+patches.*choose one of"):
     simulation.run(_task(tiny_binary), make_algorithm("fedavg", **ALG), rounds=1,

@@ -183,24 +183,56 @@ def test_auto_strategy_chunks_instead_of_failing():
 
 
 def test_auto_chunks_convnets_on_accelerators_above_the_measured_cohort():
-  # GPU measurement (memory.CONV_VMAP_MAX): a vmapped ConvNet round at C=1000 ran 5.4x
-  # slower than chunks of 50; dense models keep 'vmap'.
+  # Grouped-convolution measurement (memory.CONV_VMAP_MAX): a vmapped ConvNet round at
+  # C=1000 ran 5.4x slower than chunks of 50; dense models keep 'vmap'. It holds where
+  # the convolutions keep the 'lax' form: a TPU, or a multi-device CPU.
   cnn, feat, big = models.cnn(1, num_outputs=4), (12, 12, 1), 1 << 40
   assert memory.uses_convolution(cnn, feat) and not memory.uses_convolution(MODEL, FEAT)
   lim = memory.CONV_VMAP_MAX
-  assert memory.auto_strategy(cnn, ALG, lim, 8, feat, backend="gpu", num_devices=1,
+  assert memory.auto_strategy(cnn, ALG, lim, 8, feat, backend="tpu", num_devices=1,
                               capacity_bytes=big) == ("vmap", None)
-  assert memory.auto_strategy(cnn, ALG, 4 * lim, 8, feat, backend="gpu", num_devices=1,
+  assert memory.auto_strategy(cnn, ALG, 4 * lim, 8, feat, backend="tpu", num_devices=1,
                               capacity_bytes=big) == ("chunked", memory.CONV_CHUNK)
   # per device: 2 devices carry 2 * CONV_VMAP_MAX clients as one vmap, chunks of 2 * 64
-  assert memory.auto_strategy(cnn, ALG, 2 * lim, 8, feat, backend="gpu", num_devices=2,
+  assert memory.auto_strategy(cnn, ALG, 2 * lim, 8, feat, backend="cpu", num_devices=2,
                               capacity_bytes=big) == ("vmap", None)
-  assert memory.auto_strategy(cnn, ALG, 8 * lim, 8, feat, backend="gpu", num_devices=2,
+  assert memory.auto_strategy(cnn, ALG, 8 * lim, 8, feat, backend="tpu", num_devices=2,
                               capacity_bytes=big) == ("chunked", 2 * memory.CONV_CHUNK)
   assert memory.auto_strategy(MODEL, ALG, 4 * lim, N_MAX, FEAT, backend="gpu",
                               num_devices=1, capacity_bytes=big) == ("vmap", None)
   assert memory.auto_strategy(cnn, ALG, 4 * lim, 8, feat, backend="cpu", num_devices=1,
                               capacity_bytes=big) == ("scan", None)
+
+
+def test_auto_takes_the_patches_form_for_convnets_on_a_gpu():
+  """On a GPU a model with convolutions runs 'vmap+patches' at every cohort (measured on
+  an H200: memory.CONV_PATCHES_BACKENDS), 'chunked+patches' when the patches do not fit;
+  the chunk is the one that fits under the patches form's estimate, smaller than the
+  'lax' form's; a dense model and the CPU are unchanged."""
+  cnn, feat, big = models.cnn(1, num_outputs=4), (12, 12, 1), 1 << 40
+  lim = memory.CONV_VMAP_MAX
+  assert memory.auto_conv_form(cnn, feat, "gpu") == "patches"
+  assert memory.auto_conv_form(cnn, feat, "tpu") == "lax"
+  assert memory.auto_conv_form(cnn, feat, "cpu") == "lax"
+  assert memory.auto_conv_form(MODEL, FEAT, "gpu") == "lax"
+  for c in (8, lim, 8 * lim):
+    assert memory.auto_strategy(cnn, ALG, c, 8, feat, backend="gpu", num_devices=1,
+                                capacity_bytes=big) == ("vmap+patches", None)
+  assert memory.auto_strategy(cnn, ALG, 8, 8, feat, backend="cpu", num_devices=1,
+                              capacity_bytes=big) == ("scan", None)
+  lax_v = memory.estimate_round_bytes(cnn, ALG, 64, 8, feat, "vmap")
+  patches_v = memory.estimate_round_bytes(cnn, ALG, 64, 8, feat, "vmap+patches")
+  assert patches_v > lax_v
+  # room for the 'lax' vmap but not the patches one: chunks, under the patches estimate
+  cap = int((lax_v + patches_v) / 2 / memory.DEFAULT_FRACTION)
+  got, chunk = memory.auto_strategy(cnn, ALG, 64, 8, feat, backend="gpu", num_devices=1,
+                                    capacity_bytes=cap)
+  assert got == "chunked+patches" and 1 <= chunk < 64 and 64 % chunk == 0
+  assert memory.estimate_round_bytes(cnn, ALG, 64, 8, feat, "chunked+patches",
+                                     chunk) <= cap * memory.DEFAULT_FRACTION
+  bigger = min(d for d in (1, 2, 4, 8, 16, 32, 64) if d > chunk)  # the next divisor of C
+  assert memory.estimate_round_bytes(cnn, ALG, 64, 8, feat, "chunked+patches",
+                                     bigger) > cap * memory.DEFAULT_FRACTION
 
 
 def test_device_memory_bytes_on_cpu_is_physical_ram():

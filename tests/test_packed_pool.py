@@ -163,8 +163,7 @@ def test_host_pool_trains_like_the_device_pool(strategy, which):
   assert max(b.pool["cohort_widths"]) <= task.train.n_max
   stateful = which == "scaffold"
   assert (b.pool["clients_with_state"] > 0) == stateful
-  # on one CPU device a 'scan' round runs as two programs at once (two host threads)
-  assert b.pool["programs_at_once"] == (2 if strategy == "scan" else 1)
+  assert b.pool["programs_at_once"] == 1  # two only when asked for (host_split)
   _same_runs(a, b)
 
 
@@ -184,16 +183,37 @@ def test_whole_cohort_algorithms_stay_one_program_on_the_host(make):
   _same_runs(a, b)
 
 
-def test_split_host_round_equals_one_program(monkeypatch):
+def test_split_host_round_equals_one_program():
+  """host_split=True (two programs at once, one per host thread) gives the one-program
+  round's numbers up to float32 summation order; the default, one program, repeats
+  itself bit for bit."""
   alg = make_algorithm("scaffold", client_lr=0.3, local_epochs=1, batch_size=4)
   task = _task(_pool(2))
   run = dict(rounds=3, clients_per_round=5, eval_every=1, progress=False, seed=1,
              execution="scan", pool="host")
-  a = simulation.run(task, alg, **run)
-  monkeypatch.setattr(simulation, "HOST_SPLIT", False)
+  a = simulation.run(task, alg, host_split=True, **run)
   b = simulation.run(task, alg, **run)
+  again = simulation.run(task, alg, **run)
   assert (a.pool["programs_at_once"], b.pool["programs_at_once"]) == (2, 1)
   _same_runs(a, b)
+  for u, v in zip(jax.tree.leaves(b.params), jax.tree.leaves(again.params)):
+    np.testing.assert_array_equal(u, v)
+  assert [h["train_loss"] for h in b.history] == [h["train_loss"] for h in again.history]
+
+
+def test_host_split_is_a_run_option(tmp_path, monkeypatch):
+  """`--host-split` reaches the run (summary.json's pool record says two programs); the
+  default is one program."""
+  monkeypatch.setenv("FEDJAX_INV_CACHE_DIR", str(tmp_path / "cache"))
+  for extra, want in (([], 1), (["--host-split"], 2)):
+    out = tmp_path / f"run{want}"
+    assert cli.main(["run", "--task", "femnist", "--source", "synthetic", "--task-arg",
+                     "num_clients=12", "--algorithm", "fedavg", "--rounds", "1",
+                     "--clients-per-round", "4", "--pool", "host", "--execution", "scan",
+                     "--seeds", "1", "--out", str(out), "--no-progress", *extra]) == 0
+    s = json.loads((out / "summary.json").read_text())
+    run = s["runs"][0] if "runs" in s else s
+    assert f'"programs_at_once": {want}' in json.dumps(s), run.keys()
 
 
 def test_host_pool_with_poisson_sampling_and_dropout_matches():

@@ -16,7 +16,8 @@ summation order, because aggregation is a sum of lifted statistics):
     ``jit(vmap)`` was 0.5–0.9×);
   * ``chunked``: ``vmap`` inside chunks of ``chunk_size`` clients, ``scan`` across chunks;
   * ``auto``: ``scan`` on a single CPU device, otherwise ``vmap`` (sharded) when the cohort
-    fits the memory estimate, else ``chunked``.
+    fits the memory estimate, else ``chunked``; on a GPU a model's convolutions run in
+    the 'patches' form (``vmap+patches``; ``memory.auto_conv_form``).
 
 The benchmark baseline, a Python loop over the clients of one compiled client update
 (FedJAX's design), is not a strategy of the engine: it is
@@ -60,9 +61,11 @@ def resolve_strategy(execution: str, cohort: int, num_devices: int | None = None
   ``vmap`` was 0.3-0.7x; convolutions use ``models.conv.conv_general_dilated``, whose
   gradients XLA:CPU runs fast inside loops). Elsewhere (GPU/TPU, or several devices):
   ``vmap``. :func:`build_round`, given the data shapes, refines the second case: 'chunked'
-  when vmap does not fit in memory, or for a model with convolutions above
-  ``memory.CONV_VMAP_MAX`` clients per device (measured on an H200 at C=1000: a vmapped
-  ConvNet round 5.4x slower than chunks of 50).
+  when vmap does not fit in memory; on a GPU, a model with convolutions in the 'patches'
+  form (``memory.auto_conv_form``; measured on an H200 at C=1000: 'vmap+patches' 5.9x
+  the 'chunked' round, 11.7x 'vmap'); elsewhere, 'chunked' for a model with convolutions
+  above ``memory.CONV_VMAP_MAX`` clients per device (measured on an H200 at C=1000: a
+  vmapped ConvNet round 5.4x slower than chunks of 50).
   """
   if execution not in STRATEGIES:
     raise ValueError(f"execution={execution!r}; choose one of {STRATEGIES}.")
@@ -173,15 +176,17 @@ def map_reduce(fn: Callable, xs: PyTree, strategy: str, chunk_size: int | None =
 
 
 def _fit_memory(model, algorithm, execution, strategy, chunk, slots, feature_shape, n_max,
-                mesh):
+                mesh, form="lax"):
   """``(strategy, chunk)`` after the memory check before compiling (core/memory.py):
   'auto' chunks instead of running out of memory; an explicit strategy that cannot fit
-  raises DoesNotFitError (a ValueError) naming the estimate, the budget and the fix."""
+  raises DoesNotFitError (a ValueError) naming the estimate, the budget and the fix.
+  ``form``: the convolution form of the round (in force around the call); the grouped
+  convolution's chunking rule (``memory.conv_chunks``) applies to 'lax' only."""
   from fedjax_inv.core import memory
   ndev = mesh.devices.size if mesh is not None else 1
   # ``model`` is already the algorithm's model (model_transform applied by the caller).
   alg_m = algorithm.replace(model_transform=None)
-  if execution == "auto" and strategy == "vmap" and memory.conv_chunks(
+  if execution == "auto" and strategy == "vmap" and form == "lax" and memory.conv_chunks(
       model, slots, feature_shape, ndev):
     strategy = "chunked"
     chunk = memory.choose_chunk_size(model, alg_m, slots, n_max, feature_shape,
@@ -278,9 +283,12 @@ def build_round(model, kind: str, algorithm: Algorithm, num_clients: int,
                      "the default min(C, 64)).")
   chunk = min(slots, 64) if chunk_size is None else int(chunk_size)
   if feature_shape is not None and n_max is not None:
+    if execution == "auto" and strategy != "scan":
+      from fedjax_inv.core import memory
+      form = memory.auto_conv_form(model, feature_shape)  # 'patches': a CNN on a GPU
     with strategy_lib.conv_form(form):
       strategy, chunk = _fit_memory(model, algorithm, execution, strategy, chunk, slots,
-                                    feature_shape, n_max, mesh)
+                                    feature_shape, n_max, mesh, form)
   unroll = strategy_lib.SCAN_UNROLL if unroll is None else int(unroll)
   parts = round_parts(model, kind, algorithm, num_clients, clients_per_round)
   # Per-client step counts (local_epochs) under 'chunked': a chunk runs to its largest

@@ -603,6 +603,16 @@ def choose_chunk_size(model, algorithm, cohort: int, n_max: int,
 # loop: XLA runs a vmapped convolution as one grouped convolution) vs chunked 495 ms.
 CONV_VMAP_MAX = 128
 CONV_CHUNK = 64
+# Backends on which 'auto' runs a model's convolutions in the 'patches' form
+# (core.strategy.CONV_FORMS: im2col and one matrix product, batched over the clients),
+# and there 'vmap' when it fits, else 'chunked' (CONV_VMAP_MAX does not apply: it is the
+# grouped convolution's limit). Measured on one H200 (benchmarks/results_side_by_side_h200,
+# float32-exact, seconds per round): the ConvNet at C=1000 vmap+patches 0.243, chunked+patches
+# 0.271, scan 1.18, chunked 1.45, vmap 2.85; pfl-research's CIFAR10 CNN at C=10 vmap+patches
+# 0.0047 vs chunked 0.0118, at C=100 0.031 vs scan 0.118, at C=1000 0.285 vs scan 1.60; the
+# FEMNIST CNN at C=100 vmap+patches 0.14. Not measured on a TPU: there 'auto' keeps 'lax' and
+# times both forms when it measures (runner/auto_strategy.py).
+CONV_PATCHES_BACKENDS = ("gpu", "cuda")
 _CONV: dict = {}  # (id(model), feature_shape) -> (model, bool)
 
 
@@ -630,6 +640,17 @@ def uses_convolution(model, feature_shape: Sequence[int]) -> bool:
   return found
 
 
+def auto_conv_form(model, feature_shape: Sequence[int], backend: str | None = None) -> str:
+  """The convolution form (``core.strategy.CONV_FORMS``) that ``execution='auto'`` runs
+  ``model`` in: 'patches' on a backend of :data:`CONV_PATCHES_BACKENDS` (default: JAX's)
+  for a model with convolutions (:func:`uses_convolution`), else 'lax'. Source: the H200
+  measurement above :data:`CONV_PATCHES_BACKENDS`."""
+  backend = backend or jax.default_backend()
+  if backend in CONV_PATCHES_BACKENDS and uses_convolution(model, feature_shape):
+    return "patches"
+  return "lax"
+
+
 def conv_chunks(model, cohort: int, feature_shape: Sequence[int], num_devices: int) -> bool:
   """True when 'auto' on an accelerator should run ``cohort`` clients of a convolutional
   ``model`` in chunks rather than one vmap: more than :data:`CONV_VMAP_MAX` clients per
@@ -645,14 +666,17 @@ def auto_strategy(model, algorithm, cohort: int, n_max: int, feature_shape: Sequ
   """What ``execution='auto'`` should resolve to, memory included.
 
   Rule (docs/ARCHITECTURE.md, 'A round is a map-reduce over a client axis'): on a
-  single CPU device, 'scan' (measured fastest there); else, for a model with
-  convolutions and more than :data:`CONV_VMAP_MAX` clients per device, 'chunked' with the
-  largest chunk of at most :data:`CONV_CHUNK` clients per device that fits; else 'vmap'
-  (sharded over ``num_devices``) when it fits, otherwise 'chunked' with the largest chunk
-  that fits (:func:`choose_chunk_size`).
+  single CPU device, 'scan' (measured fastest there); on a GPU, for a model with
+  convolutions, 'vmap+patches' when it fits, else 'chunked+patches' with the largest
+  chunk that fits (:func:`auto_conv_form`); elsewhere, for a model with convolutions and
+  more than :data:`CONV_VMAP_MAX` clients per device, 'chunked' with the largest chunk of
+  at most :data:`CONV_CHUNK` clients per device that fits; else 'vmap' (sharded over
+  ``num_devices``) when it fits, otherwise 'chunked' with the largest chunk that fits
+  (:func:`choose_chunk_size`).
 
   Returns:
-    ``(strategy, chunk_size)`` with ``chunk_size`` None except for 'chunked'.
+    ``(execution, chunk_size)``: a name of ``core.strategy.STRATEGIES`` other than 'auto'
+    ('vmap+patches' included), ``chunk_size`` None except for the chunked ones.
 
   Raises:
     DoesNotFitError: not even one client at a time fits.
@@ -664,16 +688,20 @@ def auto_strategy(model, algorithm, cohort: int, n_max: int, feature_shape: Sequ
     check_fits(model, algorithm, cohort, n_max, feature_shape, "scan",
                capacity_bytes=capacity, fraction=fraction)
     return "scan", None
-  if conv_chunks(algorithm.model_for(model), cohort, feature_shape, num_devices):
+  form = auto_conv_form(algorithm.model_for(model), feature_shape, backend)
+  suffix = strategy_lib.PATCHES if form == "patches" else ""
+  if form == "lax" and conv_chunks(algorithm.model_for(model), cohort, feature_shape,
+                                   num_devices):
     return "chunked", choose_chunk_size(model, algorithm, cohort, n_max, feature_shape,
                                         num_devices=num_devices, capacity_bytes=capacity,
                                         fraction=fraction,
                                         max_chunk=CONV_CHUNK * num_devices)
-  try:
-    check_fits(model, algorithm, cohort, n_max, feature_shape, "vmap",
-               num_devices=num_devices, capacity_bytes=capacity, fraction=fraction)
-    return "vmap", None
-  except DoesNotFitError:
-    return "chunked", choose_chunk_size(model, algorithm, cohort, n_max, feature_shape,
-                                        num_devices=num_devices, capacity_bytes=capacity,
-                                        fraction=fraction)
+  with strategy_lib.conv_form(form):
+    try:
+      check_fits(model, algorithm, cohort, n_max, feature_shape, "vmap",
+                 num_devices=num_devices, capacity_bytes=capacity, fraction=fraction)
+      return "vmap" + suffix, None
+    except DoesNotFitError:
+      return "chunked" + suffix, choose_chunk_size(
+          model, algorithm, cohort, n_max, feature_shape, num_devices=num_devices,
+          capacity_bytes=capacity, fraction=fraction)

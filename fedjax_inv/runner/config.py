@@ -87,6 +87,11 @@ RUN_KEYS = {
                   "device while the previous round runs) | auto (device when the padded "
                   "pool is small, else host); same numbers either way; the choice and its "
                   "reason are in summary.json; default auto"),
+    "host_split": (bool, "with a host pool on one CPU device, train each round's cohort as "
+                         "two programs at once, one per host thread: about 1.3x faster on "
+                         "2 cores, but not bit-reproducible between reruns (XLA:CPU's "
+                         "float32 results of two programs at once vary in the last bits); "
+                         "default off: one program, the same numbers on every rerun"),
     "replicas": (str, "auto | batched | sequential: run an algorithm's seeds (sweep "
                       "points; --holdout domains of equal size) as one vmapped program "
                       "(batched) or one after another; auto = batched on GPU/TPU, "

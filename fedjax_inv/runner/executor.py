@@ -318,7 +318,8 @@ def execute(pl, out, done, rec, progress, stream, *, ex: Optional[Execution] = N
                 eval_every=pl.eval_every, progress=progress, reporting=pl.rep,
                 rounds_per_call=cfg.get("rounds_per_call") or 1,
                 shard=shard_of(cfg), precision=cfg.get("precision") or "highest")
-  single_only = dict(pool=cfg.get("pool") or "auto")  # batches keep the pool resident
+  single_only = dict(pool=cfg.get("pool") or "auto",  # batches keep the pool resident
+                     host_split=bool(cfg.get("host_split")))
   # Checkpoints live in the output folder; a process other than 0 of a multi-process run
   # writes no output (out=None) but reads and writes the shared checkpoints there.
   root = checkpoint_root or out

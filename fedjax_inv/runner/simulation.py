@@ -373,7 +373,7 @@ def run(task, algorithm, *, rounds: int, clients_per_round: int | None = None,
         checkpoint_every: int | None = None, rounds_per_call: int = 1,
         loggers=None, run_name: str | None = None, label: str | None = None,
         load_seconds: float | None = None, pool: str = "auto",
-        precision: str = "highest") -> RunResult:
+        precision: str = "highest", host_split: bool = False) -> RunResult:
   """Trains ``algorithm`` on ``task`` for ``rounds`` rounds.
 
   Args:
@@ -436,6 +436,12 @@ def run(task, algorithm, *, rounds: int, clients_per_round: int | None = None,
       state only for clients that took part) or 'auto' (default: 'device' when the
       padded pool is small, else 'host'). Same numbers either way for the same seed;
       ``RunResult.pool`` says which and why.
+    host_split: a host pool's 'scan' round on one CPU device as two programs at once, each
+      training half of the cohort from its own host thread (``engine.build_split_round``):
+      about 1.3x faster on 2 CPU cores (FEMNIST, ``benchmarks/RESULTS.md``), but not
+      bit-reproducible: XLA:CPU's float32 results of two programs at once vary from run
+      to run in the last bits, which training then amplifies. Default False: one
+      program, the same numbers on every rerun. Ignored elsewhere.
     precision: the arithmetic of float32 matrix products and convolutions
       (:func:`matmul_precision`): 'highest' (default: float32 on every device), 'tf32'
       or 'bf16'; recorded in ``RunResult.precision``.
@@ -471,7 +477,7 @@ def run(task, algorithm, *, rounds: int, clients_per_round: int | None = None,
                          "without --checkpoint-every.")
       split = None
       if (p.round_fn.strategy == "scan" and p.mesh is None and p.cohort > 1 and
-          jax.default_backend() == "cpu" and HOST_SPLIT):
+          jax.default_backend() == "cpu" and host_split):
         from fedjax_inv.core.engine import build_split_round
         split = build_split_round(p.model, task.kind, algorithm, p.num_clients, p.cohort)
       round_fn = StreamedRound(p.round_fn, task.train, jax.tree.map(lambda a: a[0], one),
@@ -530,9 +536,6 @@ def matmul_precision(precision: str):
 
 
 POOLS = ("auto", "device", "host")
-# A host pool's 'scan' round on one CPU device runs as two programs at once
-# (``engine.build_split_round``); False: one program.
-HOST_SPLIT = True
 # 'auto' keeps a packed pool's padded layout on the device up to this size (and up to
 # RESIDENT_MAX_FRACTION of the device's memory), and streams it from the host above.
 RESIDENT_MAX_BYTES = 1 << 30
