@@ -3,12 +3,14 @@ pfl-research beside them, on one machine in one run.
 
 Workload (task ``femnist --source synthetic``, Reddi et al. 2021 App. D): 3,400 writers,
 671,585 training images (8-bit, 28x28), Reddi et al.'s EMNIST CNN (1,206,590
-parameters), FedAvg with 10 writers a round, 1 local epoch of batch 20, client SGD lr
-0.1, server lr 1. Every layout runs in a fresh process (a clean peak RSS):
+parameters), FedAvg with 10 writers a round (``--clients``), 1 local epoch of batch 20,
+client SGD lr 0.1, server lr 1. Every layout runs in a fresh process (a clean peak RSS):
 
 * ``host, first run``: ``--pool host`` with an empty pool cache (the pool is generated,
   written to the cache and memory-mapped);
 * ``host, cached``: the same again, the pool read from the cache;
+* ``host_split``: cached, with ``host_split=True`` (``--host-split``: the round as two
+  programs at once, one per host thread; faster on a 2-core CPU, not bit-reproducible);
 * ``device``: ``--pool device``, the whole padded ``[3400, 475, 28, 28, 1]`` float32
   pool resident (as every run was before the host pool existed);
 * ``pfl``: ``benchmarks/peers/bench_pfl.py --models femnist`` in its own environment
@@ -25,7 +27,9 @@ included, to the end of round 1), ``load_s`` (building or reading the task),
 
 Usage:
   python benchmarks/pool_femnist.py --rounds 20 --json benchmarks/results_pool_femnist.json
-  python benchmarks/pool_femnist.py --layouts host --rounds 3        (a quick look)
+  python benchmarks/pool_femnist.py --layouts host_first --rounds 3  (a quick look)
+  python benchmarks/pool_femnist.py --layouts host_first,device --clients 100 \
+    --execution chunked+patches --rounds 8                        (on a GPU)
 """
 from __future__ import annotations
 
@@ -44,7 +48,8 @@ HERE = pathlib.Path(__file__).resolve().parent
 PFL_PY = HERE / "peers" / ".venv-pfl" / "bin" / "python"
 
 
-def child(layout: str, rounds: int, t0: float) -> dict:
+def child(layout: str, rounds: int, t0: float, cohort: int = 10,
+          execution: str = "rule") -> dict:
   """One layout in this process: the row."""
   import dataclasses
   import resource
@@ -59,18 +64,24 @@ def child(layout: str, rounds: int, t0: float) -> dict:
   task = dataclasses.replace(task, eval_sets={}, train_eval=(0,))
   alg = make_algorithm("fedavg", **task.algorithm_settings("fedavg"))
   stamps = []
-  res = simulation.run(task, alg, rounds=rounds, clients_per_round=10, seed=0,
+  res = simulation.run(task, alg, rounds=rounds, clients_per_round=cohort, seed=0,
                        eval_every=1, progress=False, reporting=None,
                        pool="host" if layout.startswith("host") else "device",
-                       execution="rule", callback=lambda e: stamps.append(time.time()),
+                       host_split=layout == "host_split",
+                       execution=execution, callback=lambda e: stamps.append(time.time()),
                        load_seconds=load_s)
   steps = [b - a for a, b in zip(stamps, stamps[1:])]
-  return {"layout": layout, "workload": "femnist_fedavg", "C": 10, "clients": 3400,
+  import jax
+  stats = jax.local_devices()[0].memory_stats() or {}
+  return {"layout": layout, "workload": "femnist_fedavg", "C": cohort, "clients": 3400,
           "rounds": rounds, "strategy": res.strategy,
           "first_round_at_s": round(stamps[0] - t0, 2), "import_s": round(import_s, 2),
           "load_s": round(load_s, 2), "round_s": round(statistics.median(steps), 3),
           "round_times_s": [round(s, 3) for s in steps],
-          "client_updates_per_s": round(10 / statistics.median(steps), 2),
+          "client_updates_per_s": round(cohort / statistics.median(steps), 2),
+          "device": str(jax.local_devices()[0].device_kind),
+          "device_peak_mb": (round(stats["peak_bytes_in_use"] / 2**20, 1)
+                             if "peak_bytes_in_use" in stats else None),
           "rss_peak_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
           "compiled_round_programs": (res.pool or {}).get("compiled_round_programs", 1),
           "pool": res.pool, "final_train_objective": res.final["train_objective"]}
@@ -80,34 +91,43 @@ def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--rounds", type=int, default=20)
-  p.add_argument("--layouts", default="host_first,host_cached,device,pfl",
-                 help="comma-separated: host_first, host_cached, device, pfl")
+  p.add_argument("--layouts", default="host_first,host_cached,host_split,device,pfl",
+                 help="comma-separated: host_first, host_cached, host_split, device, pfl")
+  p.add_argument("--pfl-python", default=str(PFL_PY),
+                 help="interpreter of pfl-research's environment (default "
+                      "benchmarks/peers/.venv-pfl, made by benchmarks/peers/setup_pfl.sh)")
+  p.add_argument("--clients", type=int, default=10, help="writers a round (C)")
+  p.add_argument("--execution", default="rule",
+                 help="execution strategy of ours (default: the engine's fixed rule; a "
+                      "streamed pool never measures), e.g. chunked+patches on a GPU")
   p.add_argument("--json", default=None, help="write the rows here (atomically)")
   p.add_argument("--child", default=None, help=argparse.SUPPRESS)
   p.add_argument("--t0", type=float, default=None, help=argparse.SUPPRESS)
   a = p.parse_args(argv)
   if a.child:
-    print("ROW " + json.dumps(child(a.child, a.rounds, a.t0)), flush=True)
+    print("ROW " + json.dumps(child(a.child, a.rounds, a.t0, a.clients, a.execution)),
+          flush=True)
     return 0
   rows = []
   cache = tempfile.mkdtemp(prefix="fedjax_inv_pool_bench_")
   env = {**os.environ, "FEDJAX_INV_CACHE_DIR": cache}
   for layout in a.layouts.split(","):
     if layout == "pfl":
-      if not PFL_PY.exists():
-        print("pfl: no benchmarks/peers/.venv-pfl (bash benchmarks/peers/setup_pfl.sh); "
-              "skipped", file=sys.stderr)
+      if not pathlib.Path(a.pfl_python).exists():
+        print(f"pfl: no {a.pfl_python} (bash benchmarks/peers/setup_pfl.sh); skipped",
+              file=sys.stderr)
         continue
       with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        subprocess.run([str(PFL_PY), str(HERE / "peers" / "bench_pfl.py"), "--models",
-                        "femnist", "--configs", "1x1,2x1", "--rounds", str(a.rounds - 1),
+        subprocess.run([a.pfl_python, str(HERE / "peers" / "bench_pfl.py"), "--models",
+                        "femnist", "--femnist-cohort", str(a.clients), "--configs", "1x1,2x1",
+                        "--rounds", str(a.rounds - 1),
                         "--budget-s", "600", "--json", f.name], check=True)
         got = json.loads(pathlib.Path(f.name).read_text())
       rows += [dict(r, layout="pfl") for r in (got["rows"] if isinstance(got, dict)
                                                else got)]
       continue
     cmd = [sys.executable, __file__, "--child", layout, "--rounds", str(a.rounds),
-           "--t0", repr(time.time())]
+           "--clients", str(a.clients), "--execution", a.execution, "--t0", repr(time.time())]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True)
     line = [ln for ln in out.stdout.splitlines() if ln.startswith("ROW ")]
     if out.returncode or not line:
@@ -132,6 +152,9 @@ def main(argv=None) -> int:
   if "device" in by and "host_cached" in by:
     meta["device_over_host_round_s"] = round(by["device"]["round_s"] /
                                              by["host_cached"]["round_s"], 3)
+  if "host_split" in by and "host_cached" in by:
+    meta["host_over_host_split_round_s"] = round(by["host_cached"]["round_s"] /
+                                                 by["host_split"]["round_s"], 3)
   doc = {"meta": meta, "rows": rows}
   print(json.dumps(meta))
   if a.json:

