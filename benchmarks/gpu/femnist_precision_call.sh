@@ -11,15 +11,17 @@
 #   4 row        FedGMA's FedRotMNIST row with FedAvg (spec group `full`, 100 rounds), seeds
 #                $SEEDS, under highest and under tf32, two processes sharing the GPU
 # Every step runs under `timeout`, cut to what is left of BUDGET_S (default 230 s); a step
-# with under 20 s left is skipped; STEPS (a comma list of the names above) runs only those.
+# with under 20 s left is skipped; STEPS (a comma list of the names above) runs only those;
+# ROW_LIMIT is step 4's limit (default 150 s; its records are written as each seed ends).
+# Outputs in OUT ($OUT or $1): env.txt, steps.log, pool_femnist.json, pfl_femnist.json,
+# bench_tf32.json, rows.tgz (records + logs).
+# Device call: run(command="EXEC=vmap+patches bash benchmarks/gpu/femnist_precision_call.sh",
+#   carry=[".whl"], timeout_s=260)
 # Ran on an H200 on 2026-11-28 (benchmarks/results_side_by_side_h200/): steps 1-3 took 75,
 # 52 and 55 s; step 4 failed at once for want of mlxtend on the device image, which
 # fetch_pfl_wheels.sh now fetches too. The row alone:
-#   run(command="STEPS=row BUDGET_S=200 bash benchmarks/gpu/femnist_precision_call.sh",
-#     carry=[".whl"], timeout_s=230) Outputs in OUT ($OUT or $1): env.txt, steps.log,
-# pool_femnist.json, pfl_femnist.json, bench_tf32.json, rows.tgz (records + logs).
-# Device call: run(command="EXEC=vmap+patches bash benchmarks/gpu/femnist_precision_call.sh",
-#   carry=[".whl"], timeout_s=260)
+#   run(command="STEPS=row ROW_LIMIT=240 BUDGET_S=260 bash
+#     benchmarks/gpu/femnist_precision_call.sh", carry=[".whl"], timeout_s=290)
 # Dry run on a CPU:
 #   DRY=1 PFL_PY=/tmp/pfl/bin/python bash benchmarks/gpu/femnist_precision_call.sh /tmp/fp
 source "$(dirname "$0")/common.sh" "$@"
@@ -86,7 +88,7 @@ row() {
   rm -f experiments/fedgma/.precision_highest.yaml experiments/fedgma/.precision_tf32.yaml
 }
 export -f row; export PY SEEDS row_rounds row_k w
-step row 150 bash -c row
+step row "${ROW_LIMIT:-150}" bash -c row
 rm -f experiments/fedgma/.precision_highest.yaml experiments/fedgma/.precision_tf32.yaml
 echo "wall $(( $(date +%s) - start )) s" | tee -a "$w/steps.log" >> "$dest/env.txt"
 cp "$w/steps.log" "$dest/steps.log"
