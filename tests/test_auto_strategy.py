@@ -232,14 +232,12 @@ def test_a_measured_patches_choice_runs_records_and_pins(monkeypatch, own_cache)
 def test_the_fixed_rule_takes_the_patches_form_for_a_convnet_on_a_gpu(monkeypatch,
                                                                       tiny_binary):
   """'auto' by the fixed rule (as a streamed pool or a short run takes it), where the
-  client axis is vmapped (a GPU: here the engine's resolution and the patches backends
-  are pointed at the CPU): a ConvNet runs 'vmap+patches', the same compiled round as a run
-  pinned to it, bit for bit; a dense model keeps 'vmap'."""
-  from fedjax_inv.core import engine, memory
+  client axis is vmapped (a GPU: here the rule's starting strategy and the patches
+  backends are pointed at the CPU): a ConvNet runs 'vmap+patches', the same compiled
+  round as a run pinned to it, bit for bit; a dense model keeps 'vmap'."""
+  from fedjax_inv.core import memory, strategy
   monkeypatch.setattr(memory, "CONV_PATCHES_BACKENDS", ("cpu",))
-  plain = engine.resolve_strategy
-  monkeypatch.setattr(engine, "resolve_strategy",
-                      lambda e, c, *a, **k: "vmap" if e == "auto" else plain(e, c, *a, **k))
+  monkeypatch.setattr(strategy, "base_strategy", lambda *a, **k: "vmap")
   task, alg = _image_task(), make_algorithm("fedavg", **ALG)
   kw = dict(KW, clients_per_round=4)
   res = simulation.run(task, alg, rounds=2, execution="rule", **kw)

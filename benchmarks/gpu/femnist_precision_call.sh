@@ -49,21 +49,7 @@ install_wheels "$w/pip.log"
 } > "$dest/env.txt"
 : > "$w/steps.log"
 
-step() {  # step NAME LIMIT_S command...
-  local name=$1 limit=$2; shift 2
-  if [ -n "${STEPS:-}" ] && [[ ",$STEPS," != *",$name,"* ]]; then
-    echo "$name: not in STEPS" >> "$w/steps.log"; return
-  fi
-  local left=$(( budget - ($(date +%s) - start) - 5 ))
-  local t=$(( limit < left ? limit : left ))
-  if (( t < 20 )); then
-    echo "$name: skipped (${left} s left)" | tee -a "$w/steps.log"; return
-  fi
-  local t0; t0=$(date +%s)
-  timeout -k 5 "$t" "$@" > "$w/$name.log" 2>&1
-  echo "$name: rc=$? $(( $(date +%s) - t0 )) s (limit $t s)" | tee -a "$w/steps.log"
-  cp "$w/steps.log" "$dest/steps.log"
-}
+after_step() { cp "$w/steps.log" "$dest/steps.log"; }  # for common.sh's step
 
 step femnist 120 "$PY" benchmarks/pool_femnist.py --layouts host_first,device --clients "$C" \
   --execution "$EXEC" --rounds "$rounds" --json "$dest/pool_femnist.json"

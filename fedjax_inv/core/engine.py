@@ -71,11 +71,7 @@ def resolve_strategy(execution: str, cohort: int, num_devices: int | None = None
     raise ValueError(f"execution={execution!r}; choose one of {STRATEGIES}.")
   if execution != "auto":
     return execution
-  backend = backend or jax.default_backend()
-  num_devices = num_devices or jax.device_count()
-  if backend == "cpu" and num_devices == 1:
-    return "scan"
-  return "vmap"
+  return strategy_lib.base_strategy(backend, num_devices)
 
 
 def cohort_slots(algorithm: Algorithm, num_clients: int, clients_per_round: int) -> int:
@@ -175,37 +171,6 @@ def map_reduce(fn: Callable, xs: PyTree, strategy: str, chunk_size: int | None =
   raise ValueError(f"strategy={strategy!r}; expected 'vmap', 'scan' or 'chunked'.")
 
 
-def _fit_memory(model, algorithm, execution, strategy, chunk, slots, feature_shape, n_max,
-                mesh, form="lax"):
-  """``(strategy, chunk)`` after the memory check before compiling (core/memory.py):
-  'auto' chunks instead of running out of memory; an explicit strategy that cannot fit
-  raises DoesNotFitError (a ValueError) naming the estimate, the budget and the fix.
-  ``form``: the convolution form of the round (in force around the call); the grouped
-  convolution's chunking rule (``memory.conv_chunks``) applies to 'lax' only."""
-  from fedjax_inv.core import memory
-  ndev = mesh.devices.size if mesh is not None else 1
-  # ``model`` is already the algorithm's model (model_transform applied by the caller).
-  alg_m = algorithm.replace(model_transform=None)
-  if execution == "auto" and strategy == "vmap" and form == "lax" and memory.conv_chunks(
-      model, slots, feature_shape, ndev):
-    strategy = "chunked"
-    chunk = memory.choose_chunk_size(model, alg_m, slots, n_max, feature_shape,
-                                     num_devices=ndev, max_chunk=memory.CONV_CHUNK * ndev)
-  elif execution == "auto" and strategy == "vmap":
-    try:
-      memory.check_fits(model, alg_m, slots, n_max, feature_shape,
-                        "vmap", num_devices=ndev)
-    except memory.DoesNotFitError:
-      strategy = "chunked"
-      chunk = memory.choose_chunk_size(model, alg_m, slots, n_max,
-                                       feature_shape, num_devices=ndev)
-  else:
-    memory.check_fits(model, alg_m, slots, n_max, feature_shape,
-                      strategy, chunk if strategy == "chunked" else None,
-                      num_devices=ndev)
-  return strategy, chunk
-
-
 def build_round(model, kind: str, algorithm: Algorithm, num_clients: int,
                 clients_per_round: int, execution: str = "auto",
                 chunk_size: int | None = None, mesh: Mesh | None = None,
@@ -282,13 +247,20 @@ def build_round(model, kind: str, algorithm: Algorithm, num_clients: int,
     raise ValueError(f"chunk_size={chunk_size!r}; it must be an integer >= 1 (or None for "
                      "the default min(C, 64)).")
   chunk = min(slots, 64) if chunk_size is None else int(chunk_size)
-  if feature_shape is not None and n_max is not None:
-    if execution == "auto" and strategy != "scan":
-      from fedjax_inv.core import memory
-      form = memory.auto_conv_form(model, feature_shape)  # 'patches': a CNN on a GPU
-    with strategy_lib.conv_form(form):
-      strategy, chunk = _fit_memory(model, algorithm, execution, strategy, chunk, slots,
-                                    feature_shape, n_max, mesh, form)
+  if feature_shape is not None and n_max is not None:  # the memory check, before compiling
+    from fedjax_inv.core import memory
+    ndev = mesh.devices.size if mesh is not None else 1
+    # ``model`` is already the algorithm's model (model_transform applied by the caller).
+    alg_m = algorithm.replace(model_transform=None)
+    if execution == "auto":  # the whole rule, memory and convolution form included
+      name, auto_chunk = memory.auto_strategy(model, alg_m, slots, n_max, feature_shape,
+                                              shard_devices=ndev)
+      strategy, form = strategy_lib.split_execution(name)
+      chunk = chunk if auto_chunk is None else auto_chunk
+    else:  # an explicit strategy that cannot fit raises DoesNotFitError with the fix
+      with strategy_lib.conv_form(form):
+        memory.check_fits(model, alg_m, slots, n_max, feature_shape, strategy,
+                          chunk if strategy == "chunked" else None, num_devices=ndev)
   unroll = strategy_lib.SCAN_UNROLL if unroll is None else int(unroll)
   parts = round_parts(model, kind, algorithm, num_clients, clients_per_round)
   # Per-client step counts (local_epochs) under 'chunked': a chunk runs to its largest

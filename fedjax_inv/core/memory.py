@@ -661,18 +661,32 @@ def conv_chunks(model, cohort: int, feature_shape: Sequence[int], num_devices: i
 
 def auto_strategy(model, algorithm, cohort: int, n_max: int, feature_shape: Sequence[int],
                   *, backend: str | None = None, num_devices: int | None = None,
-                  capacity_bytes: int | None = None,
+                  shard_devices: int | None = None, capacity_bytes: int | None = None,
                   fraction: float = DEFAULT_FRACTION) -> tuple[str, int | None]:
-  """What ``execution='auto'`` should resolve to, memory included.
+  """What ``execution='auto'`` resolves to, memory included: the one definition of the
+  fixed rule, which ``engine.build_round`` applies whenever it is given the data shapes.
 
   Rule (docs/ARCHITECTURE.md, 'A round is a map-reduce over a client axis'): on a
-  single CPU device, 'scan' (measured fastest there); on a GPU, for a model with
-  convolutions, 'vmap+patches' when it fits, else 'chunked+patches' with the largest
-  chunk that fits (:func:`auto_conv_form`); elsewhere, for a model with convolutions and
-  more than :data:`CONV_VMAP_MAX` clients per device, 'chunked' with the largest chunk of
-  at most :data:`CONV_CHUNK` clients per device that fits; else 'vmap' (sharded over
-  ``num_devices``) when it fits, otherwise 'chunked' with the largest chunk that fits
-  (:func:`choose_chunk_size`).
+  single CPU device, 'scan' (measured fastest there; ``strategy.base_strategy``); on a
+  GPU, for a model with convolutions, 'vmap+patches' when it fits, else 'chunked+patches'
+  with the largest chunk that fits (:func:`auto_conv_form`); elsewhere, for a model with
+  convolutions and more than :data:`CONV_VMAP_MAX` clients per device, 'chunked' with the
+  largest chunk of at most :data:`CONV_CHUNK` clients per device that fits; else 'vmap'
+  (sharded over ``shard_devices``) when it fits, otherwise 'chunked' with the largest
+  chunk that fits (:func:`choose_chunk_size`).
+
+  Args:
+    model: ``FunctionalModel`` (``algorithm.model_for`` is applied to it).
+    algorithm: ``Algorithm``.
+    cohort: clients in the round's client axis ``C``.
+    n_max: padded examples per client.
+    feature_shape: one example's shape, without the client and example axes.
+    backend: 'cpu' | 'gpu' | 'cuda' | 'tpu' (default: JAX's).
+    num_devices: devices present (default: every device JAX sees); with a CPU backend,
+      one device means 'scan'.
+    shard_devices: devices the client axis is sharded over (default ``num_devices``;
+      the engine passes its mesh's size, 1 without a mesh).
+    capacity_bytes, fraction: the memory budget (:func:`check_fits`).
 
   Returns:
     ``(execution, chunk_size)``: a name of ``core.strategy.STRATEGIES`` other than 'auto'
@@ -681,27 +695,26 @@ def auto_strategy(model, algorithm, cohort: int, n_max: int, feature_shape: Sequ
   Raises:
     DoesNotFitError: not even one client at a time fits.
   """
-  backend = backend or jax.default_backend()
   num_devices = num_devices or jax.device_count()
+  ndev = shard_devices or num_devices
   capacity, _ = _budget(capacity_bytes, fraction)
-  if backend == "cpu" and num_devices == 1:
+  if strategy_lib.base_strategy(backend, num_devices) == "scan":
     check_fits(model, algorithm, cohort, n_max, feature_shape, "scan",
                capacity_bytes=capacity, fraction=fraction)
     return "scan", None
   form = auto_conv_form(algorithm.model_for(model), feature_shape, backend)
   suffix = strategy_lib.PATCHES if form == "patches" else ""
   if form == "lax" and conv_chunks(algorithm.model_for(model), cohort, feature_shape,
-                                   num_devices):
+                                   ndev):
     return "chunked", choose_chunk_size(model, algorithm, cohort, n_max, feature_shape,
-                                        num_devices=num_devices, capacity_bytes=capacity,
-                                        fraction=fraction,
-                                        max_chunk=CONV_CHUNK * num_devices)
+                                        num_devices=ndev, capacity_bytes=capacity,
+                                        fraction=fraction, max_chunk=CONV_CHUNK * ndev)
   with strategy_lib.conv_form(form):
     try:
       check_fits(model, algorithm, cohort, n_max, feature_shape, "vmap",
-                 num_devices=num_devices, capacity_bytes=capacity, fraction=fraction)
+                 num_devices=ndev, capacity_bytes=capacity, fraction=fraction)
       return "vmap" + suffix, None
     except DoesNotFitError:
       return "chunked" + suffix, choose_chunk_size(
-          model, algorithm, cohort, n_max, feature_shape, num_devices=num_devices,
+          model, algorithm, cohort, n_max, feature_shape, num_devices=ndev,
           capacity_bytes=capacity, fraction=fraction)

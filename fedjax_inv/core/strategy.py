@@ -32,6 +32,18 @@ def split_execution(execution: str) -> tuple[str, str]:
   return execution, "lax"
 
 
+def base_strategy(backend: str | None = None, num_devices: int | None = None) -> str:
+  """The strategy ``execution='auto'`` starts from, before the data shapes are known:
+  'scan' on one CPU device, else 'vmap'. ``backend`` (default: JAX's) and
+  ``num_devices`` (default: every device JAX sees) describe where the round runs. The
+  measurements behind it are in ``engine.resolve_strategy``; ``memory.auto_strategy``
+  refines 'vmap' once the shapes are known. No errors are raised."""
+  import jax  # this module otherwise stays free of JAX
+  backend = backend or jax.default_backend()
+  num_devices = num_devices or jax.device_count()
+  return "scan" if backend == "cpu" and num_devices == 1 else "vmap"
+
+
 def execution_name(round_fn) -> str:
   """The ``execution`` name that rebuilds a round: its ``execution`` attribute
   (``engine.build_round``'s rounds: 'vmap+patches', 'scan', ...), else its ``strategy``

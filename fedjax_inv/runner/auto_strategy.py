@@ -1,6 +1,6 @@
 """``execution='auto'`` chosen by measurement, with a cache.
 
-The engine's fixed rule (``core.engine.resolve_strategy``: ``scan`` on one CPU device,
+The engine's fixed rule (``core.memory.auto_strategy``: ``scan`` on one CPU device,
 else ``vmap``, ``chunked`` when the memory estimate says so) is wrong in measured cases
 (``chunked`` 2.3x faster than ``vmap`` on an H100 at C=100). So a run's ``auto``:
 
