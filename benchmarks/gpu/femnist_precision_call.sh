@@ -8,8 +8,8 @@
 #                the GPU (--tf32 off), process layouts $PFL_CONFIGS
 #   3 tf32       fedjax-inv bench, MLP and ConvNet at C=1000, $TF32_IMPLS, --precision tf32
 #                (the float32-exact rows are the side-by-side call's)
-#   4 row        FedGMA's FedRotMNIST row with FedAvg (spec group `full`, 100 rounds), seeds
-#                $SEEDS, under highest and under tf32, two processes sharing the GPU
+#   4 row        FedGMA's FedRotMNIST row with FedAvg (spec group `full`, 100 rounds, vmap),
+#                seeds $SEEDS, under highest and under tf32, two processes sharing the GPU
 # Every step runs under `timeout`, cut to what is left of BUDGET_S (default 230 s); a step
 # with under 20 s left is skipped; STEPS (a comma list of the names above) runs only those;
 # ROW_LIMIT is step 4's limit (default 150 s; its records are written as each seed ends).
@@ -31,10 +31,10 @@ PFL_PY=${PFL_PY:-$PY}
 EXEC=${EXEC:-vmap+patches}
 SEEDS=${SEEDS:-0,1,2}
 if [ "$DRY" = 1 ]; then
-  dev=cpu; C=10; big=10; rounds=3; row_rounds=2; row_k=1; budget=${BUDGET_S:-900}
+  dev=cpu; C=10; big=10; rounds=3; row_rounds=2; row_k=1; row_exec=scan; budget=${BUDGET_S:-900}
   cfgs=${PFL_CONFIGS:-1}; impls=${TF32_IMPLS:-vmap}
 else
-  dev=cuda; C=100; big=1000; rounds=8; row_rounds=100; row_k=20
+  dev=cuda; C=100; big=1000; rounds=8; row_rounds=100; row_k=20; row_exec=vmap
   cfgs=${PFL_CONFIGS:-1,2}; impls=${TF32_IMPLS:-vmap,chunked,vmap+patches}
 fi
 install_wheels "$w/pip.log"
@@ -64,7 +64,7 @@ row() {
   local p
   for p in highest tf32; do
     sed -e "s/^base:$/base:\n  precision: $p/" \
-        -e "s/config: {rounds: 100, last_k: 20}/config: {rounds: $row_rounds, last_k: $row_k}/" \
+        -e "s/config: {rounds: 100, last_k: 20, execution: scan}/config: {rounds: $row_rounds, last_k: $row_k, execution: $row_exec}/" \
         experiments/fedgma/spec.yaml > "experiments/fedgma/.precision_$p.yaml"
     "$PY" -m fedjax_inv.cli experiment "experiments/fedgma/.precision_$p.yaml" \
       --out "$w/row_$p" --where group=full --where row=fed_rotmnist --where method=fedavg \
@@ -73,7 +73,7 @@ row() {
   wait
   rm -f experiments/fedgma/.precision_highest.yaml experiments/fedgma/.precision_tf32.yaml
 }
-export -f row; export PY SEEDS row_rounds row_k w
+export -f row; export PY SEEDS row_rounds row_k row_exec w
 step row "${ROW_LIMIT:-150}" bash -c row
 rm -f experiments/fedgma/.precision_highest.yaml experiments/fedgma/.precision_tf32.yaml
 echo "wall $(( $(date +%s) - start )) s" | tee -a "$w/steps.log" >> "$dest/env.txt"
