@@ -83,9 +83,9 @@ def test_the_specs_expand_to_the_runs_the_readme_lists():
     for r in runs:  # every run of a spec in exactly one row
       assert (file, r.label) not in covered, (file, r.label)
       covered[(file, r.label)] = where
-      # the strategy is pinned: scan for the 150-round CPU runs (faster for their CNN on a
-      # CPU), vmap for the others
-      want = "scan" if r.group in ("mnist_r150", "tune") else "vmap"
+      # the strategy is pinned: scan for the 150-round and paper-size runs recorded on a
+      # CPU (faster for their CNN there), vmap for the others
+      want = "scan" if r.group in ("mnist_r150", "tune", "full") else "vmap"
       assert r.cfg["execution"] == want and "last_k" in r.cfg, (file, r.label)
     # the former files of the row are the tables' for that part of the spec
     groups = {r.group for r in runs}

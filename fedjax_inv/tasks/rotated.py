@@ -56,7 +56,8 @@ def rotated_mnist(data_dir=None, source="auto", download=False, seed=0, holdout=
   rounds. FedSR §4.2 uses lr 1e-3 for 500 epochs, far beyond a CPU budget: measured on the
   2-core CPU (bundled 5k MNIST, 0° held out, 300 central steps, seed 0) the ConvNet
   reaches 55% test accuracy at lr 1e-3 and 78% at lr 1e-2 (the old default, a mean-pooled
-  CNN with Adam 1e-3: 36%). ``experiments/fedsr/run_full.sh`` runs the paper's settings.
+  CNN with Adam 1e-3: 36%). ``fedjax-inv experiment experiments/fedsr/spec.yaml`` runs
+  the paper's settings.
 
   Raises:
     ValueError: bad holdout/size/angles/sizes/client options, unknown ``model``
