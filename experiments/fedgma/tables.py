@@ -11,7 +11,9 @@ record per run and seed under ``results/<group>/``) when any exist, else the fil
 former script ``reproduce.py`` wrote for the same settings (one JSON per command; per
 algorithm and seed the last-L mean, the final metrics and the per-round curve):
 
-* ``results_gpu_h100/{mnist,fed_cmnist,fed_rotmnist}.json``: group ``full``, on one H100.
+* ``results_gpu_h100/{mnist,fed_cmnist,fed_rotmnist}.json``: group ``full``, on one H100,
+  on the clients of the label partitioner used before Flower Datasets' (also shown as
+  they are, table ``h100_former``).
 * ``results_cpu_r150/mnist.json``, ``results_cpu_r150_prox/mnist.json``: group
   ``mnist_r150`` (MNIST, 150 rounds), FedAvg / FedGMA and FedProx / FedGMA + FedProx.
 * ``results_cpu_r150/tune_mnist.json``: ``tune.yaml`` (the unequal tuning, selected on
@@ -59,6 +61,8 @@ SHORT = {"fedavg": "FedAvg", "fedgma": "FedGMA", "fedprox": "FedProx",
 ROW_NAME = {"mnist": "MNIST non-i.i.d.", "fed_cmnist": "FedCMNIST non-i.i.d.",
             "fed_rotmnist": "FedRotMNIST non-i.i.d."}
 WHERE = {"mnist": "Table 1", "fed_cmnist": "Table 2", "fed_rotmnist": "Table 2"}
+ROWS = ("mnist", "fed_cmnist", "fed_rotmnist")  # spec group ``full``'s row axis
+H100_FILES = "results_gpu_h100/{mnist,fed_cmnist,fed_rotmnist}.json"
 
 
 class Source(NamedTuple):
@@ -72,11 +76,10 @@ class Source(NamedTuple):
 
 
 SOURCES = {
-    "h100_mnist": Source("spec.yaml", "full", "mnist", ALGS,
-                         "results_gpu_h100/mnist.json"),
-    "h100_fed_cmnist": Source("spec.yaml", "full", "fed_cmnist", ALGS,
+    "full_mnist": Source("spec.yaml", "full", "mnist", ALGS, "results_gpu_h100/mnist.json"),
+    "full_fed_cmnist": Source("spec.yaml", "full", "fed_cmnist", ALGS,
                               "results_gpu_h100/fed_cmnist.json"),
-    "h100_fed_rotmnist": Source("spec.yaml", "full", "fed_rotmnist", ALGS,
+    "full_fed_rotmnist": Source("spec.yaml", "full", "fed_rotmnist", ALGS,
                                 "results_gpu_h100/fed_rotmnist.json"),
     "mnist_r150": Source("spec.yaml", "mnist_r150", None, ("fedavg", "fedgma"),
                          "results_cpu_r150/mnist.json"),
@@ -131,26 +134,37 @@ def records(src: Source) -> dict:
           if column(rec) in src.methods}
 
 
+def former(name: str) -> dict:
+  """The file the former script wrote for ``SOURCES[name]``'s settings, as :func:`load`
+  returns it (``from``: ``'former'``, ``machine``: None, as those files do not name it)."""
+  src = SOURCES[name]
+  res = json.loads((HERE / src.former).read_text())
+  return {**res, "seed": res.get("seed", res.get("seeds", [None])[0]),
+          "runs": res.get("runs", res.get("trials")), "raw": src.former, "from": "former",
+          "machine": None}
+
+
 @functools.lru_cache(maxsize=None)
 def load(name: str) -> dict:
   """The runs of ``SOURCES[name]`` as the former script's results dict: ``rounds``,
   ``last``, ``seed`` (the first seed), ``runs`` (per run: ``label``, ``seed``,
   ``last_mean``, ``final``, ``hparams``, ``data_note``, ...), ``raw`` (where they are,
-  relative to this folder) and ``from``: the spec's raw records (``'records'``) when any
-  exist, else the file the former script wrote for the same settings (``'former'``)."""
+  relative to this folder), ``from``: the spec's raw records (``'records'``) when any
+  exist, else the file the former script wrote for the same settings (``'former'``), and
+  ``machine``: the records' backends from their provenance ('CPU', 'GPU'; None for a
+  former file)."""
   src = SOURCES[name]
   recs = records(src)
   if not recs:
-    res = json.loads((HERE / src.former).read_text())
-    return {**res, "seed": res.get("seed", res.get("seeds", [None])[0]),
-            "runs": res.get("runs", res.get("trials")), "raw": src.former,
-            "from": "former"}
+    return former(name)
   cfg = next(iter(recs.values()))["key"]["config"]
   folders = sorted({str(pathlib.PurePosixPath(p).parent) + "/" for p in recs})
+  machine = ", ".join(sorted({str(((r.get("provenance") or {}).get("device") or {}).get(
+      "backend", "unknown machine")).upper() for r in recs.values()}))
   return {"rounds": cfg["rounds"], "last": cfg["last_k"],
           "seed": min(r["key"]["seed"] for r in recs.values()),
           "runs": [_run_of(r) for r in recs.values()], "raw": ", ".join(folders),
-          "from": "records"}
+          "from": "records", "machine": machine}
 
 
 def _raw(former: str, *res: dict, fmt: str | None = None) -> str:
@@ -205,19 +219,29 @@ def _table(head, rows) -> str:
 
 # ---- tables -------------------------------------------------------------------------
 
-def h100() -> str:
-  res = {r: load(f"h100_{r}") for r in ("mnist", "fed_cmnist", "fed_rotmnist")}
+def _full_table(res: dict, raw: str, machine: str = "H100") -> str:
   head = ["accuracy % (last 20 rounds)", "MNIST paper", "MNIST ours", "FedCMNIST paper",
           "FedCMNIST ours (OOD)", "FedRotMNIST paper", "FedRotMNIST ours (OOD)"]
   rows = []
   for a in ALGS:
     cells = [NAME[a]]
-    for r in ("mnist", "fed_cmnist", "fed_rotmnist"):
+    for r in ROWS:
       cells += [f"{PAPER[r][a]:g}", ms(seeds_of(res[r], a))]
     rows.append(cells)
-  raw = _raw("`results_gpu_h100/{mnist,fed_cmnist,fed_rotmnist}.json`", *res.values())
-  return ("Mean ± sample std over seeds 0, 1, 2 (ddof 1). Raw: " + raw + "."
-          + _data(*res.values()) + "\n\n" + _table(head, rows))
+  return ("Mean ± sample std over seeds 0, 1, 2 (ddof 1). Machine: " + machine + ". Raw: "
+          + raw + "." + _data(*res.values()) + "\n\n" + _table(head, rows))
+
+
+def full() -> str:
+  """Spec group ``full``: its records when there are any, else the former H100 files."""
+  res = {r: load(f"full_{r}") for r in ROWS}
+  machine = ", ".join(dict.fromkeys(x["machine"] or "H100" for x in res.values()))
+  return _full_table(res, _raw(f"`{H100_FILES}`", *res.values()), machine)
+
+
+def h100_former() -> str:
+  """The former script's H100 run of group ``full``, as it was (the former clients)."""
+  return _full_table({r: former(f"full_{r}") for r in ROWS}, f"`{H100_FILES}`")
 
 
 def mnist_cpu() -> str:
@@ -277,14 +301,15 @@ def cmnist_cpu() -> str:
   return f"Raw: `{res['raw']}`." + _data(res) + "\n\n" + _table(head, rows)
 
 
-TABLES = {"h100": h100, "mnist_cpu": mnist_cpu, "tune_mnist": tune_mnist,
+TABLES = {"full": full, "h100_former": h100_former, "mnist_cpu": mnist_cpu,
+          "tune_mnist": tune_mnist,
           "prox_cpu": prox_cpu, "cmnist_cpu": cmnist_cpu}
 
 
 # ---- claims -------------------------------------------------------------------------
 
-H100 = ("H100, all images of the bundled 5,000-image MNIST sample (not the full 60,000), "
-        "100 rounds, CNN 32-64")
+FULL = ("{machine}, all images of the bundled 5,000-image MNIST sample (not the full "
+        "60,000), 100 rounds, CNN 32-64")
 PAPER_SETTINGS = ("one configuration each: τ 0.4, μ 0.01; the task's lr 0.1, picked on the "
                   "test accuracy of tuning seed 100 (not a reported seed)")
 
@@ -326,7 +351,8 @@ def claims() -> list:
   out.append(_claim("fed_cmnist", "fedgma", "fedavg", cm,
                     "CPU, 600 sample images, 20 rounds, 5 local steps, CNN 16-32", " of 20"))
   for row in ("mnist", "fed_cmnist", "fed_rotmnist"):
-    res = load(f"h100_{row}")
+    res = load(f"full_{row}")  # the former files ran on one H100
+    setting = FULL.format(machine=res["machine"] or "H100")
     for m, b in (("fedgma", "fedavg"), ("fedgma_fedprox", "fedprox"), ("fedprox", "fedavg")):
-      out.append(_claim(row, m, b, res, H100))
+      out.append(_claim(row, m, b, res, setting))
   return out
