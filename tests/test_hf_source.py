@@ -284,3 +284,80 @@ def test_mnist_noniid_takes_flowers_partitioners_opt_in():
   assert task.info["client_sizes"] == [len(p.load_partition(i)) for i in range(5)]
   with pytest.raises(ValueError, match="flwr:NAME"):
     make_task("mnist_noniid", partition="dirichlet2", **kw)
+
+
+# -- DomainBed on the hub: flwrlabs/pacs's schema (image, domain, label) ----------------
+
+PACS_SIZES = {"art_painting": 5, "cartoon": 7, "photo": 4, "sketch": 6}
+# the hub's class names in an order other than sorted, so that the remapping shows
+PACS_NAMES = ["person", "dog", "house", "giraffe", "guitar", "horse", "elephant"]
+
+
+@pytest.fixture(scope="module")
+def pacs_copy(tmp_path_factory, hf_home):
+  """``DIR`` with ``pacs/data/train-00000-of-00001.parquet``: RGB images of several sizes,
+  ``domain`` strings, ``label`` a ClassLabel; rows of the domains interleaved."""
+  root = tmp_path_factory.mktemp("hf_pacs")
+  rng = np.random.default_rng(5)
+  rows = {"image": [], "domain": [], "label": []}
+  for d, n in PACS_SIZES.items():
+    for j in range(n):
+      h, w = 9 + j % 3, 11 + j % 2
+      rows["image"].append(Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)))
+      rows["domain"].append(d)
+      rows["label"].append(int(rng.integers(0, len(PACS_NAMES))))
+  feats = datasets.Features({"image": datasets.Image(), "domain": datasets.Value("string"),
+                             "label": datasets.ClassLabel(names=PACS_NAMES)})
+  table = datasets.Dataset.from_dict(rows, features=feats).shuffle(seed=2)
+  (root / "pacs" / "data").mkdir(parents=True)
+  table.to_parquet(str(root / "pacs" / "data" / "train-00000-of-00001.parquet"))
+  return root
+
+
+def test_pacs_domains_equal_flowers_domain_partitions(pacs_copy):
+  """Each DomainBed domain is Flower's natural-id partition of ``domain``: its size, its
+  labels (the hub's class names, re-indexed in sorted order like the image folders'),
+  and its images as PIL converts them (RGB, bilinear to the size)."""
+  from fedjax_inv.data import domainbed
+  domainbed._CACHE.clear()
+  domains, classes, note = domainbed.load_domainbed("pacs", str(pacs_copy), source="hf",
+                                                    image_size=8)
+  assert classes == sorted(PACS_NAMES) and note.startswith("hf files")
+  flower = _flower_partitions(pacs_copy / "pacs", "domain")
+  assert sorted(flower) == sorted(PACS_SIZES)
+  for name, (x, y) in zip(domainbed.DATASETS["pacs"][1], domains):
+    part = flower[name].with_format(None)
+    assert x.shape == (PACS_SIZES[name], 8, 8, 3) and x.dtype == np.uint8
+    want_y = [sorted(PACS_NAMES).index(PACS_NAMES[i]) for i in part["label"]]
+    assert y.tolist() == want_y
+    want_x = np.stack([np.asarray(im.convert("RGB").resize((8, 8), Image.BILINEAR))
+                       for im in part["image"]])
+    np.testing.assert_array_equal(x, want_x)
+  small, _, _ = domainbed.load_domainbed("pacs", str(pacs_copy), source="hf", image_size=8,
+                                         max_images_per_domain=3, seed=1)
+  assert [len(y) for _, y in small] == [3, 3, 3, 3]
+  domainbed._CACHE.clear()
+
+
+def test_pacs_task_from_the_hub_copy_holds_out_a_domain(pacs_copy):
+  from fedjax_inv.data import domainbed
+  domainbed._CACHE.clear()
+  task = make_task("pacs", source="hf", data_dir=str(pacs_copy), holdout="sketch",
+                   image_size=8, val_fraction=0.25, base_width=4)
+  assert task.train.num_clients == 3  # one client per source domain
+  assert int(np.sum(task.eval_sets["ood"].n)) == PACS_SIZES["sketch"]
+  assert task.info["dataset_source"].startswith("hf files")
+  domainbed._CACHE.clear()
+
+
+def test_domainbed_hub_errors_are_clear(tmp_path):
+  from fedjax_inv.data import domainbed
+  domainbed._CACHE.clear()
+  with pytest.raises(FileNotFoundError) as e:
+    make_task("office_home", source="hf", data_dir=str(tmp_path), image_size=8)
+  msg = str(e.value)
+  assert "\n" not in msg and "flwrlabs/office-home" in msg and "--download" in msg
+  with pytest.raises(ValueError, match="no copy of 'vlcs'.*source='raw'"):
+    make_task("vlcs", source="hf", data_dir=str(tmp_path))
+  with pytest.raises(ValueError, match="download=True needs source='hf'"):
+    make_task("pacs", source="raw", data_dir=str(tmp_path), download=True)

@@ -3,7 +3,8 @@
 from it are in ``fedjax_inv/tasks/domainbed.py``.
 
 Data layout (the standard DomainBed folders, read from ``data_dir``, else
-``$FEDJAX_INV_DATA_DIR``; nothing is ever downloaded)::
+``$FEDJAX_INV_DATA_DIR``; nothing is downloaded unless ``source='hf'`` with
+``download=True``)::
 
   <data_dir>/PACS/{art_painting,cartoon,photo,sketch}/<class>/*.jpg|png
   <data_dir>/VLCS/{Caltech101,LabelMe,SUN09,VOC2007}/<class>/*.jpg|png
@@ -21,6 +22,11 @@ Class labels are the class folder names sorted alphabetically (torchvision
 indices. DomainNet may instead come from a *prepared* tensorflow-datasets ``domainnet``
 folder (``source='tfds'``, or ``'auto'`` when the image folders are absent), read with
 ``tfds.data_source(..., download=False)``; its labels are tfds's class indices.
+PACS and OfficeHome may come from their Hugging Face hub copies (``source='hf'``:
+``flwrlabs/pacs``, ``flwrlabs/office-home``; one Flower natural-id partition per
+``domain``, read from a local copy, the cache or, with ``download``, the hub;
+``fedjax_inv.data.hf``); their images get the same conversion, and the labels are the
+hub's class names sorted, as the folders' are.
 
 Federated protocol (the shared domain-task contract): ``holdout`` (index or name) is the
 test domain; every other (source) domain is split ``1 − val_fraction`` / ``val_fraction``
@@ -63,7 +69,7 @@ DATASETS = {
                   50),
 }
 
-DOMAINBED_SOURCES = ("auto", "raw", "tfds")
+DOMAINBED_SOURCES = ("auto", "raw", "tfds", "hf")
 
 
 def _key(name: str) -> str:
@@ -124,14 +130,20 @@ def _pil_image():
   return Image
 
 
+def _to_array(im, size: int) -> np.ndarray:
+  """A PIL image as uint8 ``[size, size, 3]``: RGB, squashed to the size (bilinear)."""
+  Image = _pil_image()
+  im = im.convert("RGB")
+  if im.size != (size, size):
+    im = im.resize((size, size), Image.Resampling.BILINEAR)
+  return np.asarray(im, np.uint8)
+
+
 def _decode(path: pathlib.Path, size: int) -> np.ndarray:
   Image = _pil_image()
   try:
     with Image.open(path) as im:
-      im = im.convert("RGB")
-      if im.size != (size, size):
-        im = im.resize((size, size), Image.Resampling.BILINEAR)
-      return np.asarray(im, np.uint8)
+      return _to_array(im, size)
   except OSError as e:
     raise ValueError(f"cannot decode image '{path}' ({e}); remove or replace it.") from e
 
@@ -202,22 +214,53 @@ def _load_tfds_domainnet(data_dir, size: int, max_per_domain, seed: int):
   return out, classes, "prepared tfds 'domainnet' (train+test splits)"
 
 
+def _load_hub(dataset: str, data_dir, download: bool, size: int, max_per_domain,
+              seed: int):
+  """The hub copy of ``dataset`` (``hf.HUB_NAMES``) as :func:`_load_folders` returns the
+  folders: per domain in DomainBed's order, a seeded subset of at most
+  ``max_per_domain`` rows (the partition's row order), converted by :func:`_to_array`."""
+  from fedjax_inv.data import hf
+  name = hf.HUB_NAMES[dataset]
+  parts, label_names, prov = hf.domain_partitions(name, data_dir, download)
+  by_key = {_key(d): d for d in parts}
+  missing = [d for d in DATASETS[dataset][1] if _key(d) not in by_key]
+  if missing:
+    raise FileNotFoundError(f"{dataset}: the hub copy {name} has domains {sorted(parts)}, "
+                            f"not {missing}.")
+  classes = sorted(label_names)
+  to_sorted = np.asarray([classes.index(c) for c in label_names], np.int32)
+  rng = np.random.default_rng(seed)
+  out = []
+  for d in DATASETS[dataset][1]:
+    part = parts[by_key[_key(d)]]
+    if max_per_domain is not None and len(part) > max_per_domain:
+      part = part.select(np.sort(rng.choice(len(part), int(max_per_domain),
+                                            replace=False)).tolist())
+    rows = part.with_format(None)
+    x = np.stack([_to_array(im, size) for im in rows["image"]])
+    out.append((x, to_sorted[np.asarray(rows["label"], np.int64)]))
+  return out, classes, f"{prov['dataset_source']} (Flower Datasets, one client per domain)"
+
+
 _CACHE: dict = {}
 
 
 def load_domainbed(dataset: str, data_dir=None, *, source: str = "auto",
                    image_size: int = 224, max_images_per_domain: int | None = None,
-                   seed: int = 0):
+                   seed: int = 0, download: bool = False):
   """Decodes a DomainBed dataset into per-domain uint8 arrays.
 
   Args:
     dataset: 'pacs' | 'vlcs' | 'office_home' | 'domainnet'.
     data_dir: folder holding the dataset folder (default ``$FEDJAX_INV_DATA_DIR``).
-    source: 'auto' | 'raw' (image folders) | 'tfds' (DomainNet only; prepared folder).
+    source: 'auto' | 'raw' (image folders) | 'tfds' (DomainNet only; prepared folder) |
+      'hf' (PACS and OfficeHome: the Hugging Face hub's copy, ``hf.HUB_NAMES``).
     image_size: output side length in pixels.
     max_images_per_domain: keep a seeded random subset of at most this many images per
       domain (None = all).
     seed: seeds that subset.
+    download: with ``source='hf'`` only, fetch the hub copy when no local copy or cache
+      has it (short timeouts).
 
   Returns:
     ``(domains, classes, note)``: ``domains`` = ``[(x uint8 [n_d, s, s, 3], y int32
@@ -225,8 +268,10 @@ def load_domainbed(dataset: str, data_dir=None, *, source: str = "auto",
     provenance string. Results are cached in-process (most recent call only).
 
   Raises:
-    ValueError: unknown dataset/source, bad sizes, undecodable image.
-    FileNotFoundError: missing data; the message gives the expected layout.
+    ValueError: unknown dataset/source, a source the dataset lacks (names the datasets
+      that have it), ``download`` without ``source='hf'``, bad sizes, undecodable image.
+    FileNotFoundError: missing data; the message gives the expected layout (for
+      ``source='hf'``: one line naming the dataset, the cache and how to pre-download).
   """
   if dataset not in DATASETS:
     raise ValueError(f"unknown DomainBed dataset {dataset!r}; choose one of "
@@ -237,6 +282,15 @@ def load_domainbed(dataset: str, data_dir=None, *, source: str = "auto",
   if source == "tfds" and dataset != "domainnet":
     raise ValueError(f"source='tfds' is only supported for domainnet, not {dataset!r}; "
                      "use source='raw' with the image folders.")
+  from fedjax_inv.data.hf import HUB_NAMES
+  hub = [d for d in DATASETS if d in HUB_NAMES]
+  if source == "hf" and dataset not in hub:
+    raise ValueError(f"source='hf': the Hugging Face hub has no copy of {dataset!r} in "
+                     f"DomainBed's layout that this loader reads (it reads {hub}); use "
+                     "source='raw' with the image folders.")
+  if download and source != "hf":
+    raise ValueError(f"{dataset}: download=True needs source='hf' (the hub copies of "
+                     f"{hub}); otherwise place the images as {_layout(dataset)}.")
   if int(image_size) != image_size or image_size < 1:
     raise ValueError(f"image_size={image_size!r}; use a positive number of pixels "
                      "(224 in the papers).")
@@ -250,6 +304,9 @@ def load_domainbed(dataset: str, data_dir=None, *, source: str = "auto",
     return _CACHE[key]
   folder_error = None
   result = None
+  if source == "hf":
+    result = _load_hub(dataset, data_dir, bool(download), int(image_size),
+                       max_images_per_domain, seed)
   if source in ("auto", "raw"):
     try:
       root = find_dataset_dir(dataset, data_dir)

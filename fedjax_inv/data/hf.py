@@ -1,12 +1,15 @@
 """Hugging Face datasets as a source, partitioned by Flower Datasets (``flwr-datasets``).
 
 ``--source hf`` for ``femnist`` (``flwrlabs/femnist``, one client per ``writer_id``),
-``shakespeare`` (``flwrlabs/shakespeare``, one client per ``character_id``) and
-``cifar100_fed`` (``uoft-cs/cifar100``, a Dirichlet split of ``fine_label``), and the
-generic ``hf`` task (``fedjax_inv.tasks.hf``) for any hub dataset. The dataset is read
-with ``flwr_datasets.FederatedDataset`` and the task's partitioner, then written client by
-client into packed pools (``core.packed.PoolWriter``): every example once, 8-bit images as
-uint8; never a padded float32 copy.
+``shakespeare`` (``flwrlabs/shakespeare``, one client per ``character_id``),
+``cifar100_fed`` (``uoft-cs/cifar100``, a Dirichlet split of ``fine_label``), the DomainBed
+tasks the hub carries (``pacs``: ``flwrlabs/pacs``; ``office_home``:
+``flwrlabs/office-home``; one partition per ``domain``, decoded by
+``fedjax_inv.data.domainbed``), and the generic ``hf`` task (``fedjax_inv.tasks.hf``)
+for any hub dataset. The dataset is read with ``flwr_datasets.FederatedDataset`` and
+the task's partitioner, then written client by client into packed pools
+(``core.packed.PoolWriter``): every example once, 8-bit images as uint8; never a padded
+float32 copy (the DomainBed tasks keep their own float32 domain arrays).
 
 Where the data comes from (first match):
 
@@ -36,7 +39,8 @@ import warnings
 import numpy as np
 
 HUB_NAMES = {"femnist": "flwrlabs/femnist", "shakespeare": "flwrlabs/shakespeare",
-             "cifar100_fed": "uoft-cs/cifar100"}
+             "cifar100_fed": "uoft-cs/cifar100", "pacs": "flwrlabs/pacs",
+             "office_home": "flwrlabs/office-home"}
 ETAG_TIMEOUT_S = 10      # seconds for the hub's metadata requests (--download only)
 DOWNLOAD_TIMEOUT_S = 30  # seconds without data before a file download gives up
 _DATA_SUFFIXES = (".parquet", ".csv", ".json", ".jsonl", ".arrow", ".txt")
@@ -412,6 +416,33 @@ def _by_natural_id(name, column, data_dir, download, seed, num_clients):
   return data, p, n, ids, keep
 
 
+def domain_partitions(name: str, data_dir=None, download=False, column="domain"):
+  """A hub dataset of DomainBed's schema (``image``, ``column`` = the domain's name,
+  ``label`` a ``ClassLabel``; ``flwrlabs/pacs``, ``flwrlabs/office-home``), one Flower
+  natural-id partition per domain (``NaturalIdPartitioner(partition_by=column)``).
+
+  Returns:
+    ``(partitions, label_names, provenance)``: ``{domain name: datasets.Dataset}`` in the
+    partitioner's order, the ``label`` column's class names, and where the data came from.
+
+  Raises:
+    FileNotFoundError: as :func:`open_dataset` (one line: the dataset, the cache, the fix).
+    ValueError: the dataset lacks one of the three columns, or its ``label`` is not a
+      ``ClassLabel`` (names the columns it has).
+  """
+  data, p, n, ids, _ = _by_natural_id(name, column, data_dir, download, 0, None)
+  feats = data.features
+  if not {"image", column, "label"} <= set(feats):
+    raise ValueError(f"--source hf: {name} has columns {sorted(feats)}; a DomainBed "
+                     f"dataset needs 'image', {column!r} and 'label'.")
+  label_names = getattr(feats["label"], "names", None)
+  if not label_names:
+    raise ValueError(f"--source hf: {name}'s 'label' column is {feats['label']}, not a "
+                     "ClassLabel with class names.")
+  return ({ids[i]: p.load_partition(i) for i in range(n)}, list(label_names),
+          data.provenance)
+
+
 def _femnist_convert(part):
   c = columns(part, "image", "character")
   return images(c["image"]), c["character"]
@@ -497,5 +528,6 @@ def cifar100_pools(data_dir, download, seed, num_clients=None, partitioner=None,
       f"test split i.i.d. over {test_clients} clients; not TFF's Pachinko split)")}
 
 
-__all__ = ["HUB_NAMES", "HubData", "cifar100_pools", "femnist_pools", "find_local",
-           "make_partitioner", "open_dataset", "shakespeare_pools", "write_pools"]
+__all__ = ["HUB_NAMES", "HubData", "cifar100_pools", "domain_partitions", "femnist_pools",
+           "find_local", "make_partitioner", "open_dataset", "shakespeare_pools",
+           "write_pools"]

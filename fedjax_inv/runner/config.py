@@ -117,8 +117,8 @@ RUN_KEYS = {
                        "(fedjax-inv list) names them; default none"),
     "source": (str, "data source: auto | raw | tfds | bundled | synthetic (femnist, "
                     "shakespeare, cifar100_fed: a generated pool of the real shape) | hf "
-                    "(femnist, shakespeare, cifar100_fed, task hf: the Hugging Face hub's "
-                    "copy through Flower Datasets); "
+                    "(femnist, shakespeare, cifar100_fed, pacs, office_home, task hf: the "
+                    "Hugging Face hub's copy through Flower Datasets); "
                     "default auto"),
     "download": (bool, "download missing raw data (opt-in; short timeout); default off"),
     "hp": (list, "algorithm hyperparameter NAME=VALUE, or ALGORITHM.NAME=VALUE for one "

@@ -10,7 +10,8 @@ from fedjax_inv.core.data import from_client_arrays
 from fedjax_inv.tasks.base import Task, register_task
 
 
-from fedjax_inv.data.domainbed import DATASETS, _layout, load_domainbed
+from fedjax_inv.data.domainbed import DATASETS, load_domainbed
+from fedjax_inv.data.hf import HUB_NAMES
 from fedjax_inv.data.partition import leave_one_domain_out, resolve_holdout
 
 
@@ -87,9 +88,6 @@ def _domainbed_task(dataset: str, *, data_dir, source, download, seed, holdout,
                     num_clients, arch, base_width, feature_dim, classifier_hidden,
                     small_input, pretrained) -> Task:
   from fedjax_inv.models import resnet as resnet_lib
-  if download:
-    raise ValueError(f"{dataset}: download=True is not supported (DomainBed datasets are "
-                     f"large and licensed per dataset); place them as {_layout(dataset)}.")
   if arch is None:
     arch = f"resnet{DATASETS[dataset][3]}"
   depths = {"resnet18": 18, "resnet34": 34, "resnet50": 50}
@@ -98,7 +96,7 @@ def _domainbed_task(dataset: str, *, data_dir, source, download, seed, holdout,
   domains, classes, note = load_domainbed(dataset, data_dir, source=source,
                                           image_size=image_size,
                                           max_images_per_domain=max_images_per_domain,
-                                          seed=seed)
+                                          seed=seed, download=download)
   names = list(DATASETS[dataset][1])
   resolve_holdout(holdout, names)  # fail early, before building the model
   if small_input is None:
@@ -133,14 +131,14 @@ def _domainbed_task(dataset: str, *, data_dir, source, download, seed, holdout,
 
 _DOC = """{title} (leave-one-domain-out; {paper}).
 
-  Domains: {domains}. Data: ``<data_dir>/{folder}/<domain>/<class>/*`` (module docstring);
+  Domains: {domains}. Data: ``<data_dir>/{folder}/<domain>/<class>/*`` (module docstring){hub};
   FileNotFoundError naming that layout when absent. Model: GroupNorm {arch_default}
   featurizer with the papers' linear projection to {fdim} and a linear classifier
   (``classifier_hidden=int`` for FedIIR's two-layer classifier).
 
   Args:
-    data_dir, source, download, seed: as every task (``download`` must stay False;
-      ``source`` 'auto' | 'raw'{tfds}).
+    data_dir, source, download, seed: as every task (``source`` 'auto' | 'raw'{tfds};
+      ``download`` only with 'hf').
     holdout: test domain (index or name); ``val_fraction``: validation share of each
       source domain (0.1).
     image_size: pixels per side (224 in the papers; small values for CPU runs).
@@ -157,7 +155,8 @@ _DOC = """{title} (leave-one-domain-out; {paper}).
   §5 / App. F.3 uses 100 rounds of one local epoch of SGD, batch 32, lr {iir_lr}.
 
   Raises:
-    ValueError: bad arguments (unknown holdout, arch, sizes) or ``download=True``.
+    ValueError: bad arguments (unknown holdout, arch, sizes) or ``download=True``
+      without ``source='hf'``.
     FileNotFoundError: data missing.
   """
 
@@ -184,11 +183,17 @@ def _register(dataset: str, title: str, paper: str, iir_lr: str):
   builder.__doc__ = _DOC.format(
       title=title, paper=paper, domains=", ".join(domains), folder=dirs[0],
       arch_default=f"ResNet-{depth}", fdim=512 if depth == 18 else 2048,
-      tfds=" | 'tfds'" if dataset == "domainnet" else "", iir_lr=iir_lr)
+      tfds=(" | 'tfds'" if dataset == "domainnet" else
+            f" | 'hf' (``{HUB_NAMES[dataset]}``)" if dataset in HUB_NAMES else ""),
+      hub=(", or its Hugging Face hub copy with ``source='hf'``" if dataset in HUB_NAMES
+           else ""),
+      iir_lr=iir_lr)
   register_task(dataset, paper=paper,
                 summary=(f"{len(domains)} domains ({', '.join(domains)}), {ncls} classes; "
                          f"ResNet-{depth} (GroupNorm); needs the DomainBed image folders "
-                         f"in <data_dir>/{dirs[0]}/"),
+                         f"in <data_dir>/{dirs[0]}/"
+                         + (f" or --source hf ({HUB_NAMES[dataset]})"
+                            if dataset in HUB_NAMES else "")),
                 starting="the papers' settings: FedSR §5 (SGD, momentum 0.9, lr 0.01, weight "
                          "decay 5e-4, E = 5) with FedIIR App. F.3's batch 32")(builder)
   return builder
