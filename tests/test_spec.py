@@ -285,3 +285,12 @@ def test_every_experiments_readme_command_selects_runs_of_its_spec():
       i += 2
     assert sp.select(spec.parse_where(where)), (readme, argv)
     assert set(seeds or sp.seeds) <= set(sp.seeds), (readme, argv)
+
+
+def test_machines_names_the_records_backends():
+  cpu = {"provenance": {"device": {"backend": "cpu", "count": 1}}}
+  gpu = {"provenance": {"device": {"backend": "gpu"}}}
+  assert spec.machines([cpu, cpu]) == "CPU"
+  assert spec.machines([gpu, cpu]) == "CPU, GPU"
+  assert spec.machines([{}]) == "UNKNOWN MACHINE"
+  assert spec.machines([]) == ""

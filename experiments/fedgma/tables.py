@@ -159,12 +159,10 @@ def load(name: str) -> dict:
     return former(name)
   cfg = next(iter(recs.values()))["key"]["config"]
   folders = sorted({str(pathlib.PurePosixPath(p).parent) + "/" for p in recs})
-  machine = ", ".join(sorted({str(((r.get("provenance") or {}).get("device") or {}).get(
-      "backend", "unknown machine")).upper() for r in recs.values()}))
   return {"rounds": cfg["rounds"], "last": cfg["last_k"],
           "seed": min(r["key"]["seed"] for r in recs.values()),
           "runs": [_run_of(r) for r in recs.values()], "raw": ", ".join(folders),
-          "from": "records", "machine": machine}
+          "from": "records", "machine": spec.machines(recs.values())}
 
 
 def _raw(former: str, *res: dict, fmt: str | None = None) -> str:

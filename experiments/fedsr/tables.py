@@ -258,8 +258,7 @@ def claims() -> list:
   fa, fs = cpu_per_seed("fedavg"), cpu_per_seed("fedsr")
   # the machine: the former files ran on the CPU; records name theirs in their provenance
   recs = records(CPU, "fedavg") + records(CPU, "fedsr")
-  where = ", ".join(sorted({str(((r.get("provenance") or {}).get("device") or {}).get(
-      "backend", "unknown machine")).upper() for r in recs} or {"CPU"})) + ", "
+  where = (spec.machines(recs) or "CPU") + ", "
   for col, what in (("avg", _AVG), ("0", _DOM.format(d=0)), ("75", _DOM.format(d=75))):
     i = COLS.index(col)
     out.append(Claim(

@@ -702,10 +702,10 @@ def auto_strategy(model, algorithm, cohort: int, n_max: int, feature_shape: Sequ
     check_fits(model, algorithm, cohort, n_max, feature_shape, "scan",
                capacity_bytes=capacity, fraction=fraction)
     return "scan", None
-  form = auto_conv_form(algorithm.model_for(model), feature_shape, backend)
+  alg_model = algorithm.model_for(model)
+  form = auto_conv_form(alg_model, feature_shape, backend)
   suffix = strategy_lib.PATCHES if form == "patches" else ""
-  if form == "lax" and conv_chunks(algorithm.model_for(model), cohort, feature_shape,
-                                   ndev):
+  if form == "lax" and conv_chunks(alg_model, cohort, feature_shape, ndev):
     return "chunked", choose_chunk_size(model, algorithm, cohort, n_max, feature_shape,
                                         num_devices=ndev, capacity_bytes=capacity,
                                         fraction=fraction, max_chunk=CONV_CHUNK * ndev)

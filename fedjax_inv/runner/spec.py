@@ -426,6 +426,14 @@ def kept_records(spec: Spec, out, where: Optional[dict] = None) -> list:
   return found
 
 
+def machines(records) -> str:
+  """Where ``records`` ran, for a table's label: the backends their provenance names
+  ('CPU', 'GPU', ...; 'UNKNOWN MACHINE' for a record without one), sorted and joined by
+  ', '; '' for no records."""
+  return ", ".join(sorted({str(((r.get("provenance") or {}).get("device") or {}).get(
+      "backend", "unknown machine")).upper() for r in records}))
+
+
 def execute_spec(spec: Spec, out, *, where: Optional[dict] = None, seeds=None,
                  stream=None) -> list:
   """Runs every selected (run, seed) of ``spec`` whose record is not in ``out`` yet
