@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One device call: FedIIR's paper-size rows (experiments/fediir/spec.yaml, groups gpu_c5
-# and gpu_c50) as 12 `fedjax-inv experiment` processes sharing the GPU (one per group x
+# One device call: FedIIR's paper-size rows (experiments/fediir/spec.yaml, groups full_c5
+# and full_c50) as 12 `fedjax-inv experiment` processes sharing the GPU (one per group x
 # held-out domain), each under `timeout $LIMIT`. Every (run, seed) record is written as it
 # finishes, so a process stopped by the limit leaves complete records, and calling this
 # again with the same OUT resumes. Records go to $OUT/results.tgz (device tool) or $1.
@@ -19,7 +19,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >>
 start=$(date +%s)
 exp=("$PYTHON" -m fedjax_inv.cli experiment)  # `timeout` runs programs, not functions
 for h in ${HOLDOUTS:-0 15 30 45 60 75}; do
-  for g in gpu_c5 gpu_c50; do
+  for g in full_c5 full_c50; do
     timeout "$limit" "${exp[@]}" experiments/fediir/spec.yaml --out "$r/fediir" --where group=$g \
       --where holdout=$h > "$r/fediir_${g}_h$h.out" 2>&1 &
   done

@@ -14,7 +14,7 @@ that slice exists, else from the file that the former script, ``reproduce.py``,
 wrote with the same settings, one JSON per command (:data:`FORMER`; per method, held-out
 domain and seed: the validation-selected round, its test accuracy, and the last round's):
 
-* ``results_gpu_h100/{c5,c50,gamma}.json``: groups ``gpu_c5``, ``gpu_c50``, ``gpu_gamma``,
+* ``results_gpu_h100/{c5,c50,gamma}.json``: groups ``full_c5``, ``full_c50``, ``full_gamma``,
   run on one H100.
 * ``results_cpu/{c5,c50}.json``: ``cpu_c5`` and ``cpu_c50`` at 0°.
 * ``results_cpu_c50_h75/c50.json``, ``results_cpu_c50_rest/c50.json``: ``cpu_c50`` at the
@@ -58,9 +58,9 @@ FORMER = {
     "results_cpu_c50_h75/c50.json": ("cpu_c50", ("75",)),
     "results_cpu_c50_rest/c50.json": ("cpu_c50", ("15", "30", "45", "60")),
     "results_cpu_gamma/gamma.json": ("cpu_gamma", ("0",)),
-    "results_gpu_h100/c5.json": ("gpu_c5", DOMAINS),
-    "results_gpu_h100/c50.json": ("gpu_c50", DOMAINS),
-    "results_gpu_h100/gamma.json": ("gpu_gamma", DOMAINS),
+    "results_gpu_h100/c5.json": ("full_c5", DOMAINS),
+    "results_gpu_h100/c50.json": ("full_c50", DOMAINS),
+    "results_gpu_h100/gamma.json": ("full_gamma", DOMAINS),
 }
 
 # FedIIR's published numbers (test accuracy %, mean ± std over 3 runs).
