@@ -130,7 +130,8 @@ def _write(sp, folder, group, method, acc, change=None):
       key = json.loads(json.dumps(spec.run_key(sp, run, s)))
       key["config"].update(change or {})
       final = {"round": 500, "ood_accuracy": acc(d, s)}
-      rec = {"key": key, "status": "ok", "final": final, "history": [final]}
+      rec = {"key": key, "status": "ok", "final": final, "history": [final],
+             "provenance": {"device": {"backend": "cpu"}}}
       path = sp.record_path(folder, run, s)
       path.parent.mkdir(parents=True, exist_ok=True)
       path.write_text(json.dumps(rec))
@@ -155,14 +156,14 @@ def test_the_tables_read_a_groups_records_when_there_are_any(folder):
   assert row["seeds"]["75"] == pytest.approx({0: 0.575, 1: 0.585, 2: 0.595})
   assert row["cells"]["75"] == (pytest.approx(58.5), pytest.approx(1.0))
   assert row["cells"]["avg"][0] == pytest.approx(100 * (0.51 + 0.0375))
-  text = tables.TABLES["h100_lr1e-2"]()
+  text = tables.TABLES["restart_lr1e-2"]()
   assert "| fedsr | ours (3 seeds, last) | 51.0 ± 1.0 | 52.5 ± 1.0 |" in text
   assert "FedSR: from the per-seed records in `results/raw/restart_lr1e-2/`" in text
   assert "lr1e-2_fedsr.csv" not in text and "lr1e-2_fedavg.csv" in text
-  others = [a for a, b in zip(before["h100_lr1e-2"].splitlines(), text.splitlines())
+  others = [a for a, b in zip(before["restart_lr1e-2"].splitlines(), text.splitlines())
             if a != b]
   assert len(others) == 2  # the FedSR row and the note under the table
-  assert tables.TABLES["h100_lr1e-3"]() == before["h100_lr1e-3"]
+  assert tables.TABLES["restart_lr1e-3"]() == before["restart_lr1e-3"]
   cpu = tables.raw_table()
   assert "| fedavg | ours (3 seeds, last) | 26.0 ± 1.0 |" in cpu
   assert [a for a in cpu.splitlines() if "| fedsr |" in a] == \
@@ -171,6 +172,21 @@ def test_the_tables_read_a_groups_records_when_there_are_any(folder):
   # the verdict claims follow: FedSR at lr 1e-2 against FedAvg's committed aggregates
   claim = next(c for c in tables.claims() if c.method == "FedSR" and "lr 1e-2" in c.setting)
   assert claim.ours_agg[0] == pytest.approx(100 * (0.51 + 0.0375)) and not claim.raw
+  assert claim.setting.startswith("H100, ")
+  # with FedAvg's records too, the claim compares per-seed averages and names the machine
+  _write(sp, folder, "restart_lr1e-2", "fedavg", lambda d, s: 0.4 + s / 100)
+  tables.load.cache_clear()
+  claim = next(c for c in tables.claims() if c.method == "FedSR" and "lr 1e-2" in c.setting)
+  assert claim.setting.startswith("CPU, lr 1e-2")
+  assert claim.ours == pytest.approx([100 * (0.5375 + s / 100) for s in (0, 1, 2)])
+  assert claim.ours_baseline == pytest.approx([40.0, 41.0, 42.0])
+  text = tables.TABLES["restart_lr1e-2"]()
+  assert "FedAvg, FedSR: from the per-seed records in `results/raw/restart_lr1e-2/`, " \
+      "run on: CPU" in text
+  assert "| fedavg | 2 | 42.0 | 42.0 | 42.0 | 42.0 | 42.0 | 42.0 | 42.0 |" in text
+  # the former run's table still shows the aggregates alone
+  assert tables.TABLES["h100_former_lr1e-3"]() == before["h100_former_lr1e-3"]
+  assert "lr1e-2_fedavg.csv" in tables.restart_table("1e-2", former=True)
 
 
 @pytest.mark.slow

@@ -53,7 +53,6 @@ NAMES = {"fedavg": "FedAvg", "fedl2r": "FedL2R", "fedcmi": "FedCMI", "fedsr": "F
 # spec group -> the folder the former scripts wrote its rows into, with the same settings
 FORMER = {"persistent_lr1e-3": "cpu_r500_persistent", "restart_lr1e-3": "h100_r500",
           "restart_lr1e-2": "h100_r500_lr1e-2"}
-H100 = {"1e-3": "restart_lr1e-3", "1e-2": "restart_lr1e-2"}  # the H100 tables' groups
 CPU = "persistent_lr1e-3"
 N_SEEDS = 3  # every H100 row: seeds 0, 1, 2 (the command line at the top of each log)
 
@@ -146,6 +145,12 @@ def load(group: str, method: str) -> dict:
     return {"from": "records", "kind": "records", "source": f"results/raw/{group}/",
             "seeds": seeds, "cells": _cells(seeds),
             "n": len({s for r in seeds.values() for s in r})}
+  return load_former(group, method)
+
+
+def load_former(group: str, method: str) -> dict:
+  """:func:`load`'s answer from the former folder of ``group`` (:data:`FORMER`), whether
+  or not the group has records."""
   folder = HERE / FORMER[group]
   if group == CPU:
     seeds = _per_seed_former(folder, method)
@@ -197,38 +202,61 @@ def raw_table(group: str = CPU, methods=("fedavg", "fedsr")) -> str:
       "\n".join(seed_lines)
 
 
-def h100(lr: str, method: str) -> dict:
-  """:func:`load` of one row of the H100 table at learning rate ``lr``."""
-  return load(H100[lr], method)
+RESTART = {"1e-3": "restart_lr1e-3", "1e-2": "restart_lr1e-2"}  # lr -> spec group
 
 
-def h100_table(lr: str) -> str:
-  group = H100[lr]
+def restart(lr: str, method: str, former: bool = False) -> dict:
+  """:func:`load` of one row of the momentum-restarted table at learning rate ``lr``
+  (``former=True``: always the former H100 folder, :func:`load_former`)."""
+  return (load_former if former else load)(RESTART[lr], method)
+
+
+def restart_table(lr: str, former: bool = False) -> str:
+  """The momentum-restarted table at learning rate ``lr`` (spec group ``restart_lr<lr>``):
+  paper and ours per method and held-out domain, mean ± sample std (ddof 1) over seeds,
+  each method from the group's records when it has any (with one row per seed below the
+  table), else from the former H100 aggregates; ``former=True`` shows only the
+  aggregates."""
+  group = RESTART[lr]
   lines = [f"| algorithm | source | {' | '.join(DOMAINS)} | avg |",
            "|---|---|" + "---:|" * len(COLS)]
-  former, recorded = [], []
+  seed_lines = [f"| algorithm | seed | {' | '.join(DOMAINS)} | avg |",
+                "|---|---|" + "---:|" * len(COLS)]
+  former_files, recorded = [], []
   for method in ORDER:
     lines.append(_paper_row(method))
-    row = h100(lr, method)
+    row = restart(lr, method, former)
     if row["from"] == "former":
-      former.append(f"`{row['source']}`")
+      former_files.append(f"`{row['source']}`")
       label = f"ours ({row['n']} seeds, last; {row['kind']})"
     else:
-      recorded.append(NAMES[method])
+      recorded.append(method)
       label = f"ours ({row['n']} seeds, last)"
+      res = row["seeds"]
+      avg = _seed_avg(res) or []
+      for i, s in enumerate(sorted({s for r in res.values() for s in r})):
+        cells = [f"{100 * res[d][s]:.1f}" if s in res.get(d, {}) else "–" for d in DOMAINS]
+        cells.append(f"{100 * avg[i]:.1f}" if avg else "–")
+        seed_lines.append(f"| {method} | {s} | " + " | ".join(cells) + " |")
     lines.append(f"| {method} | {label} | " + " | ".join(
         f"{row['cells'][c][0]:.1f} ± {row['cells'][c][1]:.1f}" if c in row["cells"]
         else "—" for c in COLS) + " |")
   notes = []
-  if former:
+  if former_files:
     notes.append("Aggregates only, not reproducible from this repository (no per-seed "
-                 "files): generated from " + ", ".join(former) + ". ± = sample std over "
-                 "the 3 seeds (ddof 1), converted from the files' population std (× "
-                 "√(3/2); the logs' std is rounded to 0.1 before that).")
+                 "files): generated from " + ", ".join(former_files) + ", run on an H100. "
+                 "± = sample std over the 3 seeds (ddof 1), converted from the files' "
+                 "population std (× √(3/2); the logs' std is rounded to 0.1 before that).")
   if recorded:
-    notes.append(f"{', '.join(recorded)}: from the per-seed records in "
-                 f"`results/raw/{group}/`; ± = sample std over seeds (ddof 1).")
-  return "\n".join(lines) + "\n\n" + " ".join(notes)
+    where = spec.machines([r for m in recorded for r in records(group, m)])
+    notes.append(f"{', '.join(NAMES[m] for m in recorded)}: from the per-seed records in "
+                 f"`results/raw/{group}/`, run on: {where}; ± = sample std over seeds "
+                 "(ddof 1).")
+  text = "\n".join(lines) + "\n\n" + " ".join(notes)
+  if recorded:
+    text += ("\n\nPer seed (test accuracy %, last round; avg: the six domains' mean):\n\n"
+             + "\n".join(seed_lines))
+  return text
 
 
 def cpu_per_seed(method: str) -> dict:
@@ -243,8 +271,9 @@ def cpu_per_seed(method: str) -> dict:
 
 
 TABLES = {
-    "h100_lr1e-3": lambda: h100_table("1e-3"),
-    "h100_lr1e-2": lambda: h100_table("1e-2"),
+    "restart_lr1e-3": lambda: restart_table("1e-3"),
+    "restart_lr1e-2": lambda: restart_table("1e-2"),
+    "h100_former_lr1e-3": lambda: restart_table("1e-3", former=True),
 }
 
 _AVG = "RotatedMNIST (FedSR), avg of the 6 held-out domains, test acc. % (Table 1)"
@@ -275,13 +304,14 @@ def claims() -> list:
   for lr, protocol in (("1e-3", "paper settings (no tuning)"),
                        ("1e-2", "lr 1e-2 instead of the paper's 1e-3 (run after lr 1e-3 "
                                 "under-trained every method), the same for every method")):
-    base = h100(lr, "fedavg")
+    base = restart(lr, "fedavg")
     for method in ("fedl2r", "fedcmi", "fedsr"):
-      row = h100(lr, method)
+      row = restart(lr, method)
       if base["from"] == row["from"] == "records":
         avg_b, avg_m = _seed_avg(base["seeds"]) or [], _seed_avg(row["seeds"]) or []
         kw = dict(ours=[100 * v for v in avg_m], ours_baseline=[100 * v for v in avg_b])
-        where = ""
+        group = RESTART[lr]
+        where = spec.machines(records(group, "fedavg") + records(group, method)) + ", "
       else:  # the former aggregates (or a mix): mean ± sample std, as in the tables
         kw = dict(ours=[], ours_baseline=[], raw=False,
                   ours_agg=(*row["cells"].get("avg", (math.nan, math.nan)), row["n"]),
@@ -306,7 +336,7 @@ def main(argv) -> None:
       raise SystemExit(f"{group}: not a group of spec.yaml; its groups are "
                        f"{', '.join(FORMER)}.")
     print(f"## {group}\n")
-    print((raw_table(group) if group == CPU else h100_table(group.rsplit("lr", 1)[1]))
+    print((raw_table(group) if group == CPU else restart_table(group.rsplit("lr", 1)[1]))
           + "\n")
 
 
