@@ -175,6 +175,21 @@ def _paper_row(method: str) -> str:
           + f" | {avg:.1f} |")
 
 
+def _seed_rows(method: str, res: dict, avg: bool = False) -> list:
+  """One markdown row per seed of ``res`` (``{domain: {seed: accuracy in [0, 1]}}``):
+  accuracy % per held-out domain ('–' where a domain lacks the seed), then, with
+  ``avg=True``, the six domains' mean ('–' unless every domain has every seed)."""
+  seeds = sorted({s for r in res.values() for s in r})
+  means = (_seed_avg(res) or []) if avg else None
+  rows = []
+  for i, s in enumerate(seeds):
+    cells = [f"{100 * res[d][s]:.1f}" if s in res.get(d, {}) else "–" for d in DOMAINS]
+    if means is not None:
+      cells.append(f"{100 * means[i]:.1f}" if means else "–")
+    rows.append(f"| {method} | {s} | " + " | ".join(cells) + " |")
+  return rows
+
+
 def raw_table(group: str = CPU, methods=("fedavg", "fedsr")) -> str:
   """The paper-vs-ours markdown table of a group from per-seed results (:func:`load`):
   accuracy (%) per held-out domain, mean ± sample std (ddof 1) over seeds; ``avg`` is
@@ -195,9 +210,7 @@ def raw_table(group: str = CPU, methods=("fedavg", "fedsr")) -> str:
     cells.append(cell(avg) if avg is not None else "—")
     lines.append(f"| {method} | ours ({len(seeds)} seeds, last) | "
                  + " | ".join(cells) + " |")
-    for s in seeds:
-      seed_lines.append(f"| {method} | {s} | " + " | ".join(
-          f"{100 * res[d][s]:.1f}" if s in res.get(d, {}) else "–" for d in DOMAINS) + " |")
+    seed_lines += _seed_rows(method, res)
   return "\n".join(lines) + "\n\nPer seed (test accuracy %, last round):\n\n" + \
       "\n".join(seed_lines)
 
@@ -232,12 +245,7 @@ def restart_table(lr: str, former: bool = False) -> str:
     else:
       recorded.append(method)
       label = f"ours ({row['n']} seeds, last)"
-      res = row["seeds"]
-      avg = _seed_avg(res) or []
-      for i, s in enumerate(sorted({s for r in res.values() for s in r})):
-        cells = [f"{100 * res[d][s]:.1f}" if s in res.get(d, {}) else "–" for d in DOMAINS]
-        cells.append(f"{100 * avg[i]:.1f}" if avg else "–")
-        seed_lines.append(f"| {method} | {s} | " + " | ".join(cells) + " |")
+      seed_lines += _seed_rows(method, row["seeds"], avg=True)
     lines.append(f"| {method} | {label} | " + " | ".join(
         f"{row['cells'][c][0]:.1f} ± {row['cells'][c][1]:.1f}" if c in row["cells"]
         else "—" for c in COLS) + " |")
