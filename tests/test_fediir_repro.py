@@ -55,6 +55,7 @@ def test_load_reads_the_spec_records_of_a_slice_else_the_former_file(tmp_path, m
     rec = _record("cpu_c50", "fediir-h75", "75", seed, hist, 10, gamma=0.02)
     if seed == 2:  # a record of a former configuration of the run: not counted
       rec["key"]["config"] = {**rec["key"]["config"], "rounds": 99}
+    rec["provenance"] = {"device": {"backend": ("cpu", "gpu", "tpu")[seed]}}
     f = raw / "cpu_c50" / f"fediir-h75-seed{seed}.json"
     f.parent.mkdir(parents=True, exist_ok=True)
     f.write_text(json.dumps(rec))
@@ -69,9 +70,17 @@ def test_load_reads_the_spec_records_of_a_slice_else_the_former_file(tmp_path, m
     assert run["label"] == "fediir" and run["penalty_code"] == 0.01
     assert run["selected"] == {"round": 10, "val": 0.7, "test": 0.4}
     assert run["final_test"] == 0.6
-    assert tables.raw("results_cpu_c50_h75/c50.json") == "`results/raw/cpu_c50/` (75°)"
+    assert tables.machine("results_cpu_c50_h75/c50.json") == "CPU, GPU"  # not stale TPU
+    assert tables.raw("results_cpu_c50_h75/c50.json") == \
+        "`results/raw/cpu_c50/` (75°; CPU, GPU)"
     res0 = tables.load("results_cpu/c50.json")                # no record at 0°: the file
     assert res0["source"] == "results_cpu/c50.json" and len(res0["runs"]) == 6
+    assert tables.raw("results_cpu/c50.json", "0°") == "`results_cpu/c50.json` (0°; CPU)"
+    assert tables.machine("results_gpu_h100/c50.json") == "H100"  # no record: the file
+    # one caption entry per former file, then per record folder with its domains merged
+    assert tables.sources([("results_cpu_c50_h75/c50.json", "75°"),
+                           ("results_cpu/c50.json", "0°")]) == \
+        "`results_cpu/c50.json` (0°; CPU), `results/raw/cpu_c50/` (75°; CPU, GPU)"
   finally:
     tables.load.cache_clear()
   bad = _record("cpu_c50", "fediir-h75", "75", 0, hist, 20, gamma=0.02)

@@ -111,7 +111,8 @@ def run_of(rec: dict) -> dict:
   run = {"label": rec["algorithm"], "holdout": str(key["config"]["holdout"]),
          "seed": int(key["seed"]), "penalty_code": float(hp.get("gamma", 0.0)) / 2,
          "hparams": hp, "local_steps": hp["local_steps"], "seconds": rec.get("seconds"),
-         "data_note": rec["data"]["note"], "status": rec["status"]}
+         "data_note": rec["data"]["note"], "status": rec["status"],
+         "machine": spec.machines([rec])}
   if rec["status"] != "ok":
     return {**run, "selected": {"round": None, "val": math.nan, "test": math.nan},
             "final_test": math.nan}
@@ -155,12 +156,22 @@ def former(rel: str) -> bool:
   return load(rel)["source"] == rel
 
 
-def raw(rel: str, note: str = "") -> str:
-  """Where the numbers of ``rel`` come from, for a caption: ```rel``` (with `` (note)``)
-  or the spec's record folder and the held-out domains."""
+def machine(rel: str) -> str:
+  """Where the numbers of ``rel`` ran: the backends the spec's records name ('CPU',
+  'GPU', ...; ``spec.machines``), else the former file's machine ('H100' for
+  ``results_gpu_h100/``, 'CPU' for the others)."""
   if former(rel):
-    return f"`{rel}`" + (f" ({note})" if note else "")
-  return f"`{load(rel)['source']}` ({', '.join(d + '°' for d in FORMER[rel][1])})"
+    return "H100" if rel.startswith("results_gpu_h100/") else "CPU"
+  return ", ".join(sorted({r["machine"] for r in load(rel)["runs"]}))
+
+
+def raw(rel: str, note: str = "") -> str:
+  """Where the numbers of ``rel`` come from, for a caption: ```rel``` (note; machine)
+  or the spec's record folder (held-out domains; machine)."""
+  if former(rel):
+    return f"`{rel}` (" + (f"{note}; " if note else "") + f"{machine(rel)})"
+  return (f"`{load(rel)['source']}` ({', '.join(d + '°' for d in FORMER[rel][1])}; "
+          f"{machine(rel)})")
 
 
 def _runs(res, label, penalty=None):
@@ -221,6 +232,23 @@ def _gamma_complete(res):
   return [g for g, _ in done], partial, len(pairs)
 
 
+def sources(rels) -> str:
+  """The caption of several former files ``rels`` (``[(rel, note)]``): :func:`raw` of
+  each one still read from its file, then one entry per record folder with the held-out
+  domains of all its files merged (in :data:`DOMAINS` order) and the machines."""
+  out, folders = [], {}
+  for rel, note in rels:
+    if former(rel):
+      out.append(raw(rel, note))
+    else:
+      folders.setdefault(load(rel)["source"], []).append(rel)
+  for src, group in folders.items():
+    doms = sorted({d for r in group for d in FORMER[r][1]}, key=DOMAINS.index)
+    where = ", ".join(sorted({machine(r) for r in group}))
+    out.append(f"`{src}` ({', '.join(d + '°' for d in doms)}; {where})")
+  return ", ".join(out)
+
+
 def h100() -> str:
   c5, c50, gm = (load(f"results_gpu_h100/{r}.json") for r in ("c5", "c50", "gamma"))
   head = ["test accuracy %, mean of 6 held-out domains", "paper", "ours"] + \
@@ -241,8 +269,8 @@ def h100() -> str:
     rows.append(row(name, gm, "fediir", "—", penalty=g))
   part = "; ".join(f"γ = {_g(g)}: {k} of {n}" for g, k in partial)
   rels = [f"results_gpu_h100/{r}.json" for r in ("c5", "c50", "gamma")]
-  src = ("`results_gpu_h100/{c5,c50,gamma}.json`" if all(map(former, rels))
-         else ", ".join(raw(r) for r in rels))
+  src = ("`results_gpu_h100/{c5,c50,gamma}.json` (H100)" if all(map(former, rels))
+         else sources((r, "") for r in rels))
   return ('"ours": mean ± sample std (ddof 1) over seeds 0, 1, 2 of the six-domain mean; '
           f'the domain columns and "last round" are means over the seeds. Raw: {src}. '
           "The γ row shows the γ values that "
@@ -289,9 +317,8 @@ def c50_all() -> str:
     rows.append([name] + cells + [f"**{ms(seed_avg(res, a))}**"])
   fa, fi = seed_avg(res, "fedavg"), seed_avg(res, "fediir")
   seeds = lambda v: " / ".join(f"{x:.1f}" for x in v)  # noqa: E731
-  src = ", ".join(raw(r, n) for r, n in (("results_cpu/c50.json", "0°"),
-                                          ("results_cpu_c50_h75/c50.json", "75°"),
-                                          ("results_cpu_c50_rest/c50.json", "15°-60°")))
+  src = sources((("results_cpu/c50.json", "0°"), ("results_cpu_c50_h75/c50.json", "75°"),
+                 ("results_cpu_c50_rest/c50.json", "15°-60°")))
   return (f'Raw: {src}. "average": mean ± std over seeds of the six-domain mean.\n\n'
           + _table(head, rows) + "\n\n"
           f"Six-domain mean per seed (selected): FedAvg {seeds(fa)}, FedIIR {seeds(fi)}. "
@@ -395,12 +422,13 @@ def claims() -> list:
   out = []
   for row, n, tab in (("c5", "5 clients, one per domain", "Table 1"),
                       ("c50", "50 clients, 5 per round", "Table 2")):
-    res = load(f"results_gpu_h100/{row}.json")
+    rel = f"results_gpu_h100/{row}.json"
+    res = load(rel)
     out.append(_claim(
         f"RotatedMNIST {n}, average of 6 held-out domains, test acc. % (val-selected round; "
         f"{tab})", seed_avg([res], "fediir"), seed_avg([res], "fedavg"),
         PAPER_AVG[row]["fediir"], PAPER_AVG[row]["fedavg"],
-        "H100, ≈833 sample images per domain, 100 rounds of one local epoch, "
+        f"{machine(rel)}, ≈833 sample images per domain, 100 rounds of one local epoch, "
         "CNN 64-128-128-128"))
   res = _c50_cpu()
   out.append(_claim(
