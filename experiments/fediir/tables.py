@@ -249,7 +249,7 @@ def sources(rels) -> str:
   return ", ".join(out)
 
 
-def h100() -> str:
+def full() -> str:
   c5, c50, gm = (load(f"results_gpu_h100/{r}.json") for r in ("c5", "c50", "gamma"))
   head = ["test accuracy %, mean of 6 held-out domains", "paper", "ours"] + \
       [f"{d}°" for d in DOMAINS] + ["last round"]
@@ -401,7 +401,7 @@ def gamma_cpu() -> str:
           + _table(head, rows))
 
 
-TABLES = {"h100": h100, "c50_h0": c50_h0, "c50_all": c50_all, "c5_h0": c5_h0,
+TABLES = {"full": full, "c50_h0": c50_h0, "c50_all": c50_all, "c5_h0": c5_h0,
           "c5_r100": c5_r100, "c5_h75": c5_h75, "gamma_cpu": gamma_cpu}
 
 
