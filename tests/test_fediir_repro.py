@@ -47,39 +47,54 @@ def _record(group, name, holdout, seed, hist, selected_round, gamma=None):
           "selected": {"max:val_accuracy": {"round": selected_round}}}
 
 
-def test_load_reads_the_spec_records_of_a_slice_else_the_former_file(tmp_path, monkeypatch):
+def test_load_reads_a_slice_from_the_spec_records_once_complete_else_the_former_file(
+    tmp_path, monkeypatch):
   hist = [{"round": 10, "val_accuracy": 0.7, "ood_accuracy": 0.4},
           {"round": 20, "val_accuracy": 0.7, "ood_accuracy": 0.6}]
-  raw = tmp_path / "results" / "raw"
-  for seed in (0, 1, 2):
-    rec = _record("cpu_c50", "fediir-h75", "75", seed, hist, 10, gamma=0.02)
-    if seed == 2:  # a record of a former configuration of the run: not counted
+  folder = tmp_path / "results" / "raw" / "cpu_c50"
+  folder.mkdir(parents=True)
+
+  def write(name, seed, backend, gamma=None, stale=False):
+    rec = _record("cpu_c50", name, "75", seed, hist, 10, gamma=gamma)
+    if stale:  # a record of a former configuration of the run: not counted
       rec["key"]["config"] = {**rec["key"]["config"], "rounds": 99}
-    rec["provenance"] = {"device": {"backend": ("cpu", "gpu", "tpu")[seed]}}
-    f = raw / "cpu_c50" / f"fediir-h75-seed{seed}.json"
-    f.parent.mkdir(parents=True, exist_ok=True)
-    f.write_text(json.dumps(rec))
+    rec["provenance"] = {"device": {"backend": backend}}
+    (folder / f"{name}-seed{seed}.json").write_text(json.dumps(rec))
+
   monkeypatch.setattr(tables, "OUT", tmp_path)
-  tables.load.cache_clear()
   try:
-    res = tables.load("results_cpu_c50_h75/c50.json")         # the records of 75°
+    # the 75° slice of cpu_c50 is 2 runs x 3 seeds; 2 of its 6 records: still the file
+    write("fediir-h75", 0, "cpu", gamma=0.02)
+    write("fediir-h75", 1, "gpu", gamma=0.02)
+    write("fediir-h75", 2, "tpu", gamma=0.02, stale=True)
+    tables.load.cache_clear()
+    rel = "results_cpu_c50_h75/c50.json"
+    res = tables.load(rel)
+    assert res["source"] == rel and res["records"] == (2, 6)
+    assert tables.raw(rel) == f"`{rel}` (CPU; 2 of the 6 spec records written)"
+    # every record written (seed 2's stale one replaced): the records
+    write("fediir-h75", 2, "cpu", gamma=0.02)
+    for seed in (0, 1, 2):
+      write("fedavg-h75", seed, "cpu")
+    tables.load.cache_clear()
+    res = tables.load(rel)
     assert res["source"] == "results/raw/cpu_c50/" and res["rounds"] == 30
     assert res["holdouts"] == ["75"] and res["seeds"] == [0, 1, 2]
-    assert [r["seed"] for r in res["runs"]] == [0, 1]  # seed 2's record is stale
-    run = res["runs"][0]
+    assert res["records"] == (6, 6)
+    assert [(r["seed"], r["label"]) for r in res["runs"]] == [
+        (s, a) for s in (0, 1, 2) for a in ("fedavg", "fediir")]
+    run = res["runs"][1]
     assert run["label"] == "fediir" and run["penalty_code"] == 0.01
     assert run["selected"] == {"round": 10, "val": 0.7, "test": 0.4}
     assert run["final_test"] == 0.6
-    assert tables.machine("results_cpu_c50_h75/c50.json") == "CPU, GPU"  # not stale TPU
-    assert tables.raw("results_cpu_c50_h75/c50.json") == \
-        "`results/raw/cpu_c50/` (75°; CPU, GPU)"
+    assert tables.machine(rel) == "CPU, GPU"
+    assert tables.raw(rel) == "`results/raw/cpu_c50/` (75°; CPU, GPU)"
     res0 = tables.load("results_cpu/c50.json")                # no record at 0°: the file
     assert res0["source"] == "results_cpu/c50.json" and len(res0["runs"]) == 6
     assert tables.raw("results_cpu/c50.json", "0°") == "`results_cpu/c50.json` (0°; CPU)"
     assert tables.machine("results_gpu_h100/c50.json") == "H100"  # no record: the file
     # one caption entry per former file, then per record folder with its domains merged
-    assert tables.sources([("results_cpu_c50_h75/c50.json", "75°"),
-                           ("results_cpu/c50.json", "0°")]) == \
+    assert tables.sources([(rel, "75°"), ("results_cpu/c50.json", "0°")]) == \
         "`results_cpu/c50.json` (0°; CPU), `results/raw/cpu_c50/` (75°; CPU, GPU)"
   finally:
     tables.load.cache_clear()

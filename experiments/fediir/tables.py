@@ -9,8 +9,8 @@ that row's starting values, so its verdict is that row's and it gets no second c
 
 The runs are those of ``spec.yaml`` (``fedjax-inv experiment experiments/fediir/spec.yaml``,
 one raw record per run and seed under ``results/raw/<group>/``). :func:`load` reads one
-slice of a group (some of its held-out domains): from the spec's records when any record of
-that slice exists, else from the file that the former script, ``reproduce.py``,
+slice of a group (some of its held-out domains): from the spec's records once every run
+and seed of that slice has one, else from the file that the former script, ``reproduce.py``,
 wrote with the same settings, one JSON per command (:data:`FORMER`; per method, held-out
 domain and seed: the validation-selected round, its test accuracy, and the last round's):
 
@@ -123,32 +123,36 @@ def run_of(rec: dict) -> dict:
   return {**run, "selected": sel, "final_test": rec["final"]["ood_accuracy"]}
 
 
-def records(group: str, holdouts=DOMAINS) -> list:
-  """The run dicts of the spec's records of ``group`` at ``holdouts`` for its current
-  settings (``spec.kept_records``: a record of a changed configuration is not counted;
-  ``[]``: none)."""
-  kept = spec.kept_records(spec.load_spec(SPEC), OUT,
-                           {"group": [group], "holdout": list(holdouts)})
-  return sorted((run_of(rec) for _, _, rec in kept),
+def records(group: str, holdouts=DOMAINS) -> tuple:
+  """``(runs, wanted)``: the run dicts of the spec's records of ``group`` at ``holdouts``
+  for its current settings (``spec.kept_records``: a record of a changed configuration is
+  not counted), and how many (run, seed) records that slice of the spec has in all."""
+  sp = spec.load_spec(SPEC)
+  where = {"group": [group], "holdout": list(holdouts)}
+  kept = spec.kept_records(sp, OUT, where)
+  runs = sorted((run_of(rec) for _, _, rec in kept),
                 key=lambda r: (r["seed"], DOMAINS.index(r["holdout"]), r["label"],
                                r["penalty_code"]))
+  return runs, len(sp.select(where)) * len(sp.seeds)
 
 
 @functools.lru_cache(maxsize=None)
 def load(rel: str) -> dict:
   """The runs of the former file ``rel`` (:data:`FORMER`), as ``{'runs', 'holdouts',
-  'seeds', 'rounds', 'source'}``: from the spec's records of its group and held-out
-  domains when any exists (``source`` = their folder), else from the file (``source`` =
-  ``rel``)."""
+  'seeds', 'rounds', 'source', 'records'}``: from the spec's records of its group and
+  held-out domains once every (run, seed) of that slice has one (``source`` = their
+  folder), else from the file (``source`` = ``rel``), so a slice half re-run never mixes
+  into a table. ``records`` = ``(written, wanted)`` of the slice."""
   group, holdouts = FORMER[rel]
-  runs = records(group, holdouts)
-  if not runs:
+  runs, wanted = records(group, holdouts)
+  if len(runs) < wanted:
     res = json.loads((HERE / rel).read_text())
-    return {**res, "source": rel}
+    return {**res, "source": rel, "records": (len(runs), wanted)}
   sp = spec.load_spec(SPEC)
   rounds = {r.cfg["rounds"] for r in sp.runs if r.group == group}
   return {"runs": runs, "holdouts": list(holdouts), "seeds": list(sp.seeds),
-          "rounds": rounds.pop(), "source": f"results/raw/{group}/"}
+          "rounds": rounds.pop(), "source": f"results/raw/{group}/",
+          "records": (len(runs), wanted)}
 
 
 def former(rel: str) -> bool:
@@ -169,7 +173,9 @@ def raw(rel: str, note: str = "") -> str:
   """Where the numbers of ``rel`` come from, for a caption: ```rel``` (note; machine)
   or the spec's record folder (held-out domains; machine)."""
   if former(rel):
-    return f"`{rel}` (" + (f"{note}; " if note else "") + f"{machine(rel)})"
+    written, wanted = load(rel)["records"]
+    part = f"; {written} of the {wanted} spec records written" if written else ""
+    return f"`{rel}` (" + (f"{note}; " if note else "") + f"{machine(rel)}{part})"
   return (f"`{load(rel)['source']}` ({', '.join(d + '°' for d in FORMER[rel][1])}; "
           f"{machine(rel)})")
 
