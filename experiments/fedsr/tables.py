@@ -282,6 +282,7 @@ TABLES = {
     "restart_lr1e-3": lambda: restart_table("1e-3"),
     "restart_lr1e-2": lambda: restart_table("1e-2"),
     "h100_former_lr1e-3": lambda: restart_table("1e-3", former=True),
+    "h100_former_lr1e-2": lambda: restart_table("1e-2", former=True),
 }
 
 _AVG = "RotatedMNIST (FedSR), avg of the 6 held-out domains, test acc. % (Table 1)"
