@@ -1,7 +1,7 @@
 """What a user reads speaks to a user: no tracker numbers ("issue 26"), no "session", no
-"main job", no "trial 0" in the README, the guides and API pages in docs/, the notebooks
-(text, code and saved outputs), or any string of the package (docstrings, which the API
-reference renders; ``--help`` texts; error messages). Comments are for developers and are
+"main job", no "trial 0" in the README, the guides and API pages in docs/, the benchmark
+results page, the notebooks (text, code and saved outputs), or any string of the package
+(docstrings, which the API reference renders; ``--help`` texts; error messages). Comments are for developers and are
 not checked; ``--help`` is checked as printed in tests/test_cli_help.py."""
 import ast
 import json
@@ -25,6 +25,7 @@ def test_the_pattern_finds_what_it_must():
 
 
 @pytest.mark.parametrize("path", [ROOT / "README.md", ROOT / "CHANGELOG.md",
+                                  ROOT / "benchmarks" / "RESULTS.md",
                                   *sorted((ROOT / "docs").rglob("*.md"))],
                          ids=lambda p: str(p.relative_to(ROOT)))
 def test_pages(path):

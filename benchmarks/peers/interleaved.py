@@ -1,7 +1,7 @@
-"""fedjax_inv `auto` and pfl-research on the ConvNet, alternated (issue 30's target).
+"""fedjax_inv `auto` and pfl-research on the ConvNet, alternated (the ConvNet speed target).
 
 This 2-core workplace shares its host: the same round was measured 10-20 % slower or
-faster from one quarter hour to the next (RESULTS.md, "Issue 30, third pass"). One system
+faster from one quarter hour to the next (RESULTS.md, "ConvNets on CPU, third pass"). One system
 after the other, as ``side_by_side.sh`` runs them, then folds that drift into the ratio.
 This script alternates short runs of the two (ours, pfl, ours, pfl, ...) at one cohort
 size. It reports each adjacent pair's ratio of client updates per second and the median
