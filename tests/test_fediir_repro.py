@@ -54,8 +54,8 @@ def test_load_reads_a_slice_from_the_spec_records_once_complete_else_the_former_
   folder = tmp_path / "results" / "raw" / "cpu_c50"
   folder.mkdir(parents=True)
 
-  def write(name, seed, backend, gamma=None, stale=False):
-    rec = _record("cpu_c50", name, "75", seed, hist, 10, gamma=gamma)
+  def write(name, seed, backend, gamma=None, stale=False, holdout="75"):
+    rec = _record("cpu_c50", name, holdout, seed, hist, 10, gamma=gamma)
     if stale:  # a record of a former configuration of the run: not counted
       rec["key"]["config"] = {**rec["key"]["config"], "rounds": 99}
     rec["provenance"] = {"device": {"backend": backend}}
@@ -96,6 +96,14 @@ def test_load_reads_a_slice_from_the_spec_records_once_complete_else_the_former_
     # one caption entry per former file, then per record folder with its domains merged
     assert tables.sources([(rel, "75°"), ("results_cpu/c50.json", "0°")]) == \
         "`results_cpu/c50.json` (0°; CPU), `results/raw/cpu_c50/` (75°; CPU, GPU)"
+    # two files from one folder: their domains merged, each machine named once
+    for d in ("15", "30", "45", "60"):
+      for seed in (0, 1, 2):
+        write(f"fedavg-h{d}", seed, "cpu", holdout=d)
+        write(f"fediir-h{d}", seed, "cpu", gamma=0.02, holdout=d)
+    tables.load.cache_clear()
+    assert tables.sources([(rel, "75°"), ("results_cpu_c50_rest/c50.json", "15°-60°")]) == \
+        "`results/raw/cpu_c50/` (15°, 30°, 45°, 60°, 75°; CPU, GPU)"
   finally:
     tables.load.cache_clear()
   bad = _record("cpu_c50", "fediir-h75", "75", 0, hist, 20, gamma=0.02)

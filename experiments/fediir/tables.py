@@ -166,7 +166,12 @@ def machine(rel: str) -> str:
   ``results_gpu_h100/``, 'CPU' for the others)."""
   if former(rel):
     return "H100" if rel.startswith("results_gpu_h100/") else "CPU"
-  return ", ".join(sorted({r["machine"] for r in load(rel)["runs"]}))
+  return _run_machines([rel])
+
+
+def _run_machines(rels) -> str:
+  """The backends the records behind the former files ``rels`` name, each once, sorted."""
+  return ", ".join(sorted({r["machine"] for rel in rels for r in load(rel)["runs"]}))
 
 
 def raw(rel: str, note: str = "") -> str:
@@ -248,10 +253,9 @@ def sources(rels) -> str:
       out.append(raw(rel, note))
     else:
       folders.setdefault(load(rel)["source"], []).append(rel)
-  for src, group in folders.items():
-    doms = sorted({d for r in group for d in FORMER[r][1]}, key=DOMAINS.index)
-    where = ", ".join(sorted({machine(r) for r in group}))
-    out.append(f"`{src}` ({', '.join(d + '°' for d in doms)}; {where})")
+  for src, in_folder in folders.items():
+    doms = sorted({d for r in in_folder for d in FORMER[r][1]}, key=DOMAINS.index)
+    out.append(f"`{src}` ({', '.join(d + '°' for d in doms)}; {_run_machines(in_folder)})")
   return ", ".join(out)
 
 
