@@ -1,8 +1,9 @@
 """What a user reads speaks to a user: no tracker numbers ("issue 26"), no "session", no
 "main job", no "trial 0" in the README, the guides and API pages in docs/, the benchmark
 results page, the notebooks (text, code and saved outputs), or any string of the package
-(docstrings, which the API reference renders; ``--help`` texts; error messages). Comments are for developers and are
-not checked; ``--help`` is checked as printed in tests/test_cli_help.py."""
+(docstrings, which the API reference renders; ``--help`` texts; error messages). Comments
+are for developers and are not checked; ``--help`` is checked as printed in
+tests/test_cli_help.py."""
 import ast
 import json
 import pathlib
