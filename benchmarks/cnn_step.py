@@ -1,4 +1,4 @@
-"""One client's local update of the ConvNet, timed per variant (issue 30).
+"""One client's local update of the ConvNet, timed per variant.
 
 Times 5 SGD steps (batch 32, lr 0.1) of ``models.cnn(1)`` (56,394 parameters) on one
 client's 64 MNIST-shaped examples inside ``lax.scan``: the unit of work of ``cnn_fedavg``

@@ -1,4 +1,4 @@
-"""Where a ConvNet SGD step's time goes on CPU, measured inside the step (issue 30, third pass).
+"""Where a ConvNet SGD step's time goes on CPU, measured inside the step.
 
 Times one client's local update of ``models.cnn(1)``'s layers (conv 1→32, 32→64, 64→64,
 3×3 SAME, ReLU, 2×2 max-pools, global max, dense 64→10; batch 32, 5 SGD steps, 4 clients

@@ -1,4 +1,4 @@
-"""XLA:CPU flag settings timed on the benchmark's rounds (issue 30, item 2).
+"""XLA:CPU flag settings timed on the benchmark's rounds.
 
 Each flag setting runs in its own process (XLA reads ``XLA_FLAGS`` when the CPU backend
 starts), with the package's own CPU flags switched off (``FEDJAX_INV_CPU_FLAGS=0``) so that

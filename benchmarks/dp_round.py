@@ -1,4 +1,4 @@
-"""A DP-FedAvg round against a plain round, interleaved in one process (issue 25's
+"""A DP-FedAvg round against a plain round, interleaved in one process (the
 performance target: a DP round <= 1.15x a plain round at C = 1,000 on this CPU).
 
 The bench workload ``mlp_fedavg`` (MLP 784-128-10, 64 MNIST-shaped synthetic examples per

@@ -1,4 +1,4 @@
-r"""Clients of very different sizes (issue 24): the cost of padding on a FEMNIST-shaped pool.
+r"""Clients of very different sizes: the cost of padding on a FEMNIST-shaped pool.
 
 Part ``cohort`` — one 10-client FEMNIST cohort (the synthetic pool's first draw, sizes
 after TFF's totals and LEAF's spread), its data padded to the pool's largest client as

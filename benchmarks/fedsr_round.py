@@ -1,4 +1,4 @@
-"""A RotatedMNIST FedSR round on the CPU before and after issue 30's changes.
+"""A RotatedMNIST FedSR round on the CPU before and after the ConvNet CPU work.
 
 Runs FedSR (the ``fedsr_cpu`` row of ``experiments/fair.py``: RotatedMNIST with 0° held
 out, 5 training clients, SGD-momentum lr 1e-3 kept across rounds, 5 local steps of 64,

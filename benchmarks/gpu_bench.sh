@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One-command GPU benchmark (issue 13 item 5): run on a machine with a CUDA GPU and JAX
+# One-command GPU benchmark: run on a machine with a CUDA GPU and JAX
 # installed. Writes JSON tables and a log into the folder given as $1 (default
 # benchmarks/gpu_out). Needs no network. On a machine without this package installed, it
 # runs from the source tree (PYTHONPATH=.).
@@ -7,7 +7,7 @@
 # quick: `bench --quick`. short: fits one 10-minute device call (about 8.5 min, each part
 # under its own `timeout`, JSON rows written as they come): MLP C = 10 .. 10000 and ConvNet
 # C = 10 .. 1000 with every fixed strategy beside `auto` (is the fixed rule right?), the
-# ConvNet again with nnx.max_pool (issue 30's pooling before/after) and the heavy
+# ConvNet again with nnx.max_pool (the pooling before/after its rewrite) and the heavy
 # algorithms. full: the whole plan below (about an hour).
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -1,4 +1,4 @@
-"""The "before" side of issue 30's pooling A/B: ``fedjax-inv bench`` with the models' max
+"""The "before" side of the pooling A/B: ``fedjax-inv bench`` with the models' max
 pooling swapped back to ``flax.nnx.max_pool`` (``lax.reduce_window``, whose gradient is
 ``select_and_scatter``), everything else unchanged. Run it beside a plain ``bench`` with
 the same flags, in one process after the other on one machine, and compare the rows.

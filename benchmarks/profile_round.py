@@ -1,4 +1,4 @@
-"""Per-op profile of one benchmark round (issue 30, item 3): the top XLA ops by time.
+"""Per-op profile of one benchmark round: the top XLA ops by time.
 
 Builds the round of a ``benchmarks/workloads.py`` workload (default ``cnn_fedavg``: FedAvg,
 ``models.cnn(1)``, 64 examples per client, 5 local SGD steps of 32) at cohort ``C``

@@ -1,5 +1,5 @@
-"""Evaluation of a padded client pool: per-client padded blocks vs the packed real rows
-(issue 24). One process, interleaved repeats, medians; prints the ratio.
+"""Evaluation of a padded client pool: per-client padded blocks vs the packed real rows.
+One process, interleaved repeats, medians; prints the ratio.
 
   python benchmarks/ragged_eval.py --clients 1000
 """

@@ -55,7 +55,7 @@ def render(payload: dict) -> str:
     out += ["Notes from the run:", ""] + [f"- {n.splitlines()[0]}" for n in payload["notes"]]
     out.append("")
   s = payload.get("summary") or {}
-  out += ["Targets (from the issue):", "",
+  out += ["Performance targets:", "",
           f"- `auto` vs loop at C=1000 (≥ 1.7): {fmt(s.get('auto_vs_loop_at_1000'), '{:.2f}')}",
           f"- `auto` vs loop, minimum over C (≥ 1.0): "
           f"{fmt(s.get('auto_vs_loop_min'), '{:.2f}')}; per C: "

@@ -1,4 +1,4 @@
-"""Run-level throughput of ``fedjax-inv bench --replicas S`` / ``--fused R`` (issue 13):
+"""Run-level throughput of ``fedjax-inv bench --replicas S`` / ``--fused R``:
 S seeds batched as one program vs S sequential runs, and R rounds per device call vs one
 call per round, timed in the steady state (after compiling)."""
 from __future__ import annotations
@@ -22,7 +22,7 @@ def _steady_seconds(step, state, calls: int) -> float:
 
 def measure_runs(workload: Workload, C: int, *, replicas: int = 0, fused: int = 0,
                  rounds: int = 20, log=lambda s: None) -> list[dict]:
-  """Run-level throughput (issue 13) on synthetic MNIST-shaped clients (pool N = C),
+  """Run-level throughput on synthetic MNIST-shaped clients (pool N = C),
   timing the engine's jitted calls after compiling (steady state):
 
   * ``replicas=S``: one round of S seeds as one vmapped call

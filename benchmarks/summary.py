@@ -1,5 +1,5 @@
 """The ratios of ``fedjax-inv bench``: ``ratio_vs_loop`` per row
-(:func:`add_ratios_vs_loop`) and the issue's targets computed from the rows
+(:func:`add_ratios_vs_loop`) and the performance targets computed from the rows
 (:func:`summarize`)."""
 from __future__ import annotations
 
@@ -41,10 +41,10 @@ def _auto_vs_peer(rows: list[dict], workload: str, prefix: str, Cs: list[int]) -
 
 
 def summarize(rows: list[dict]) -> dict:
-  """The issue's targets, computed from the rows (None / empty where a row is missing):
+  """The performance targets, computed from the rows (None / empty where a row is missing):
   ``auto_vs_loop_at_1000`` (target >= 1.7), ``auto_vs_loop_min`` over C (>= 1.0),
   ``auto_vs_torch_loop`` per C against the fastest PyTorch row (>= 3), ``auto_vs_pfl``
-  per workload and C against pfl-research's fastest layout (issues 23, 30),
+  per workload and C against pfl-research's fastest layout,
   ``auto_vs_flower`` likewise against Flower's fastest ``client_resources`` setting,
   ``fishr_inter_geo_vs_fedavg`` per C (<= 1.3; FedAvg runs 5 local steps of 32 examples,
   fishr_inter_geo one full-batch step) and ``fishr_inter_geo_vs_fedsgd`` (the same local

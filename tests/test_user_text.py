@@ -1,9 +1,9 @@
 """What a user reads speaks to a user: no tracker numbers ("issue 26"), no "session", no
 "main job", no "trial 0" in the README, the guides and API pages in docs/, the benchmark
-results page, the notebooks (text, code and saved outputs), or any string of the package
-(docstrings, which the API reference renders; ``--help`` texts; error messages). Comments
-are for developers and are not checked; ``--help`` is checked as printed in
-tests/test_cli_help.py."""
+results page, the notebooks (text, code and saved outputs), or any string of the package or
+of the benchmark scripts (docstrings, which the API reference and ``--help`` render; help
+texts; error messages). Comments are for developers and are not checked; ``--help`` is
+checked as printed in tests/test_cli_help.py."""
 import ast
 import json
 import pathlib
@@ -54,9 +54,10 @@ def _strings(path: pathlib.Path):
       yield node.lineno, node.value
 
 
-# The package, and the benchmark harness behind `fedjax-inv bench` (the other scripts in
-# benchmarks/ are the maintainers' measurements, cited by benchmarks/RESULTS.md).
-SOURCES = [*sorted((ROOT / "fedjax_inv").rglob("*.py")), ROOT / "benchmarks" / "harness.py"]
+# The package, and the benchmark scripts (their docstrings are their `--help`; the tables
+# they print go into benchmarks/RESULTS.md).
+SOURCES = [*sorted((ROOT / "fedjax_inv").rglob("*.py")),
+           *sorted((ROOT / "benchmarks").rglob("*.py"))]
 
 
 def test_package_strings():

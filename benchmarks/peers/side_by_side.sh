@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One side-by-side table (issues 23 and 30): fedjax_inv (`auto` and the per-client loop),
+# One side-by-side table: fedjax_inv (`auto` and the per-client loop),
 # pfl-research (2 worker processes x 1 torch thread) and Flower (Ray, 1 CPU per client),
 # FedAvg on the MLP and the ConvNet, C = 10, 100, 1000, one after another on one machine.
 # Needs the peers' environments: bash benchmarks/peers/setup_pfl.sh; bash
