@@ -287,9 +287,10 @@ def full() -> str:
          else sources((r, "") for r in rels))
   return ('"ours": mean ± sample std (ddof 1) over seeds 0, 1, 2 of the six-domain mean; '
           f'the domain columns and "last round" are means over the seeds. Raw: {src}. '
-          "The γ row shows the γ values that "
-          f"finished for all {n} (domain, seed) pairs"
-          + (f" (partial, not shown: {part})" if part else "") + ".\n\n"
+          + (f"The γ row shows the γ values that finished for all {n} (domain, seed) pairs "
+             f"(partial, not shown: {part})" if part else
+             f"The γ row has each of its γ values at all {n} (domain, seed) pairs")
+          + ".\n\n"
           + _table(head, rows))
 
 
